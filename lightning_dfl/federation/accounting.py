@@ -1,0 +1,88 @@
+"""Per-round accounting: accuracy, density, FLOPs, communication and the simulated clock.
+
+Conventions (papers README): FLOPs count Conv and Linear layers, 2 per multiply-add, active
+weights only, training = 3 x forward for the samples actually processed (mask-search batches
+included); communication counts active values x 4 bytes (unmasked parameters included) and, as
+their own column, one bit per masked entry for each model that travels with its mask; the
+busiest node's figure is max(download, upload) over nodes, the server included.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+BYTES_PER_VALUE = 4
+
+
+@dataclass
+class ClientRecord:
+    """What one client's task produced."""
+
+    client: int
+    density: float
+    train_samples: int = 0
+    search_samples: int = 0
+    flops: float = 0.0
+    loss: float = float("nan")
+    acc_aggregated: float | None = None
+    acc_trained: float | None = None
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+@dataclass
+class RoundAccounting:
+    """Collects the records of one round and turns them into logged metrics."""
+
+    round_idx: int
+    records: list[ClientRecord] = field(default_factory=list)
+    download: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    upload: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    mask_download: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    mask_upload: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    def transfer(self, sender: int, receiver: int, values: int, mask_entries: int = 0) -> None:
+        """One model crossing the network: ``values`` active values and, if sent, its mask."""
+        nbytes = values * BYTES_PER_VALUE
+        self.upload[sender] += nbytes
+        self.download[receiver] += nbytes
+        if mask_entries:
+            mask_bytes = math.ceil(mask_entries / 8)
+            self.mask_upload[sender] += mask_bytes
+            self.mask_download[receiver] += mask_bytes
+
+    def metrics(self) -> dict[str, float]:
+        """The round's metrics, named ``group/name``."""
+        out: dict[str, float] = {"round": float(self.round_idx)}
+        trained = [r.acc_trained for r in self.records if r.acc_trained is not None]
+        aggregated = [r.acc_aggregated for r in self.records if r.acc_aggregated is not None]
+        if trained:
+            out["acc/personal_mean"], out["acc/personal_std"] = _mean_std(trained)
+        if aggregated:
+            out["acc/aggregated_mean"], out["acc/aggregated_std"] = _mean_std(aggregated)
+        losses = [r.loss for r in self.records if not math.isnan(r.loss)]
+        if losses:
+            out["train/loss"] = sum(losses) / len(losses)
+        densities = [r.density for r in self.records]
+        if densities:
+            out["density/mean"], out["density/std"] = _mean_std(densities)
+            out["density/min"], out["density/max"] = min(densities), max(densities)
+        flops = [r.flops for r in self.records]
+        out["flops/train_total"] = float(sum(flops))
+        out["flops/train_per_client"] = float(sum(flops) / len(flops)) if flops else 0.0
+        out["samples/train"] = float(sum(r.train_samples for r in self.records))
+        nodes = set(self.download) | set(self.upload)
+        busiest = max((max(self.download[n], self.upload[n]) for n in nodes), default=0)
+        busiest_mask = max((max(self.mask_download[n], self.mask_upload[n]) for n in nodes), default=0)
+        out["comm/busiest_bytes"] = float(busiest)
+        out["comm/busiest_mask_bytes"] = float(busiest_mask)
+        out["comm/total_bytes"] = float(sum(self.upload.values()))
+        out["comm/total_mask_bytes"] = float(sum(self.mask_upload.values()))
+        return out

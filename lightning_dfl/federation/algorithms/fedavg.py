@@ -1,0 +1,42 @@
+"""FedAvg (McMahan et al., 2017): a server samples clients, they train, it averages by sample count."""
+
+from __future__ import annotations
+
+from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext
+from lightning_dfl.federation.plan import RoundPlan, Source, Task
+
+
+class FedAvg(Algorithm):
+    """The server (node K) samples ``clients_per_round`` clients uniformly without replacement; each
+    starts from the server model and trains; the server averages their fresh models weighted by
+    their sample counts. Its headline accuracy is the server model on every client's test set.
+
+    Args:
+        clients_per_round: clients sampled each round (papers: 10 of 100).
+    """
+
+    name = "fedavg"
+    num_servers = 1
+    headline = "consensus"
+
+    def __init__(self, clients_per_round: int = 10) -> None:
+        if clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        self.clients_per_round = clients_per_round
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if self.clients_per_round > num_clients:
+            raise ValueError(f"clients_per_round must be <= the number of clients ({num_clients}), "
+                             f"got {self.clients_per_round}")
+
+    def plan_round(self, ctx: RoundContext) -> RoundPlan:
+        server = ctx.num_clients
+        sampled = sorted(int(k) for k in ctx.rng.choice(ctx.num_clients, self.clients_per_round, replace=False))
+        tasks = [Task(node=k, sources=(Source(server),)) for k in sampled]
+        tasks.append(Task(node=server, sources=tuple(Source(k, fresh=True) for k in sampled),
+                          coefficients=tuple(float(ctx.sample_counts[k]) for k in sampled), train=False))
+        return RoundPlan(ctx.round_idx, tasks, meta={"sampled": sampled})
+
+    def consensus_sources(self, num_clients: int) -> list[Source]:
+        return [Source(num_clients)]

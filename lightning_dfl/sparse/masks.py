@@ -1,0 +1,168 @@
+"""Boolean weight masks and their enforcement by hooks.
+
+A mask is a ``dict`` from parameter name to a boolean tensor of the parameter's shape.
+:class:`ModelMask` binds such a dict to a module: gradient hooks zero the gradients of
+inactive weights, and :meth:`ModelMask.apply_` re-masks the weights after every optimizer
+step, so that no optimizer (momentum, weight decay) can revive a pruned weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+Masks = dict[str, Tensor]
+
+#: Layer types whose ``weight`` is maskable by default (biases and norm layers stay dense).
+DEFAULT_MASKABLE_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+
+
+def maskable_parameters(
+    module: nn.Module,
+    layer_types: tuple[type[nn.Module], ...] = DEFAULT_MASKABLE_TYPES,
+    exclude: Callable[[str], bool] | None = None,
+) -> dict[str, nn.Parameter]:
+    """The ``weight`` parameters of ``layer_types`` layers, by their name in ``module``.
+
+    ``exclude`` is called with each candidate's full parameter name and drops it when true.
+    """
+    found: dict[str, nn.Parameter] = {}
+    for layer_name, layer in module.named_modules():
+        if isinstance(layer, layer_types) and getattr(layer, "weight", None) is not None:
+            name = f"{layer_name}.weight" if layer_name else "weight"
+            if exclude is None or not exclude(name):
+                found[name] = layer.weight
+    return found
+
+
+def density(masks: Mapping[str, Tensor]) -> float:
+    """Share of active entries over all masked entries."""
+    total = sum(m.numel() for m in masks.values())
+    if total == 0:
+        return 1.0
+    return float(sum(int(m.sum()) for m in masks.values())) / total
+
+
+def sparsity(masks: Mapping[str, Tensor]) -> float:
+    """Share of zeros over the masked set (DA-DPFL's s_k; see the papers' errata)."""
+    return 1.0 - density(masks)
+
+
+def count_active(masks: Mapping[str, Tensor]) -> int:
+    """Number of active entries over all masks."""
+    return sum(int(m.sum()) for m in masks.values())
+
+
+class ModelMask:
+    """Masks bound to a module's parameters and enforced by hooks.
+
+    Args:
+        module: the model whose parameters are masked.
+        masks: initial masks by parameter name (boolean, on any device); each name must be a
+            parameter of ``module`` with the same shape.
+
+    The mask tensors live on the parameters' device and are updated in place
+    (:meth:`load_`), so hooks stay valid when a new client's mask is loaded.
+    """
+
+    def __init__(self, module: nn.Module, masks: Mapping[str, Tensor]) -> None:
+        params = dict(module.named_parameters())
+        unknown = sorted(set(masks) - set(params))
+        if unknown:
+            raise ValueError(f"masks name parameters that the module does not have: {unknown}; "
+                             f"the module has {sorted(params)}")
+        self.module = module
+        self.params: dict[str, nn.Parameter] = {name: params[name] for name in masks}
+        self.masks: Masks = {}
+        for name, mask in masks.items():
+            if mask.shape != self.params[name].shape:
+                raise ValueError(f"mask {name!r} has shape {tuple(mask.shape)}, "
+                                 f"the parameter has {tuple(self.params[name].shape)}")
+            self.masks[name] = mask.detach().to(device=self.params[name].device, dtype=torch.bool).clone()
+        self._handles: list = []
+        self._dense_gradients = False
+
+    # -- enforcement -------------------------------------------------------------------
+    def attach(self) -> "ModelMask":
+        """Register gradient hooks (inactive gradients are zeroed) and mask the weights."""
+        if not self._handles:
+            for name, param in self.params.items():
+                self._handles.append(param.register_hook(self._grad_hook(name)))
+        self.apply_()
+        return self
+
+    def detach(self) -> None:
+        """Remove the gradient hooks."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _grad_hook(self, name: str) -> Callable[[Tensor], Tensor]:
+        def hook(grad: Tensor) -> Tensor:
+            if self._dense_gradients:
+                return grad
+            return grad * self.masks[name].to(grad.dtype)
+
+        return hook
+
+    @contextmanager
+    def dense_gradients(self) -> Iterator[None]:
+        """Within this block gradients are not masked (RigL's regrowth scores)."""
+        previous, self._dense_gradients = self._dense_gradients, True
+        try:
+            yield
+        finally:
+            self._dense_gradients = previous
+
+    @torch.no_grad()
+    def apply_(self) -> None:
+        """Zero the inactive weights (call after every optimizer step)."""
+        for name, param in self.params.items():
+            param.mul_(self.masks[name].to(param.dtype))
+
+    def to(self, device: torch.device | str) -> "ModelMask":
+        """Move the mask tensors to ``device`` (after the module was moved)."""
+        self.masks = {name: mask.to(device) for name, mask in self.masks.items()}
+        return self
+
+    # -- state ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_(self, masks: Mapping[str, Tensor], apply: bool = True) -> None:
+        """Copy ``masks`` into this mask in place; zero newly inactive weights if ``apply``."""
+        if set(masks) != set(self.masks):
+            raise ValueError(f"expected masks for {sorted(self.masks)}, got {sorted(masks)}")
+        for name, mask in masks.items():
+            self.masks[name].copy_(mask)
+        if apply:
+            self.apply_()
+
+    def state(self) -> Masks:
+        """A detached copy of the masks on the CPU."""
+        return {name: mask.detach().cpu().clone() for name, mask in self.masks.items()}
+
+    def density(self) -> float:
+        return density(self.masks)
+
+    def sparsity(self) -> float:
+        return sparsity(self.masks)
+
+    def num_active(self) -> int:
+        return count_active(self.masks)
+
+    def num_masked(self) -> int:
+        return sum(m.numel() for m in self.masks.values())
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.masks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.masks)
+
+    def __len__(self) -> int:
+        return len(self.masks)
+
+    def __repr__(self) -> str:
+        return f"ModelMask(layers={len(self.masks)}, density={self.density():.4f})"

@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+
+from lightning_dfl.federation.plan import RoundPlan, Source, Task, clock_metrics
+from lightning_dfl.federation.topology import (FullTopology, InDegreeTopology, RingTopology,
+                                               TimeVaryingTopology, build_topology)
+
+
+def test_time_varying_topology_has_exact_in_and_out_degree():
+    topo = TimeVaryingTopology(num_neighbors=10)
+    rng = np.random.default_rng(0)
+    for round_idx in range(5):
+        nbrs = topo.neighbors(100, round_idx, rng)
+        out_degree = np.zeros(100, dtype=int)
+        for k, ns in enumerate(nbrs):
+            assert len(ns) == 10 and len(set(ns)) == 10 and k not in ns
+            for j in ns:
+                out_degree[j] += 1
+        assert (out_degree == 10).all()
+
+
+def test_time_varying_topology_changes_each_round_and_is_seeded():
+    topo = TimeVaryingTopology(num_neighbors=3)
+    a = topo.neighbors(20, 0, np.random.default_rng(1))
+    b = topo.neighbors(20, 0, np.random.default_rng(1))
+    c = topo.neighbors(20, 1, np.random.default_rng(2))
+    assert a == b and a != c
+
+
+def test_in_degree_topology_and_ring_and_full():
+    nbrs = InDegreeTopology(4).neighbors(10, 0, np.random.default_rng(0))
+    assert all(len(ns) == 4 and k not in ns for k, ns in enumerate(nbrs))
+    assert RingTopology(2).neighbors(5, 0, np.random.default_rng(0))[0] == [1, 4]
+    assert FullTopology().neighbors(3, 0, np.random.default_rng(0)) == [[1, 2], [0, 2], [0, 1]]
+
+
+def test_topology_errors_name_the_value():
+    with pytest.raises(ValueError, match="M=10, K=10"):
+        TimeVaryingTopology(10).validate(10)
+    with pytest.raises(ValueError, match="unknown topology 'star2'"):
+        build_topology("star2", 2)
+    with pytest.raises(ValueError, match="even"):
+        RingTopology(3)
+
+
+def test_plan_orders_dependencies_and_schedules_clock():
+    tasks = [
+        Task(2, sources=(Source(2), Source(0, fresh=True), Source(1, fresh=True))),
+        Task(0, sources=(Source(0), Source(1))),
+        Task(1, sources=(Source(1),)),
+        Task(3, sources=(Source(3), Source(2, fresh=True))),
+    ]
+    plan = RoundPlan(0, tasks)
+    order = [t.node for t in plan.order()]
+    assert order.index(2) > order.index(0) and order.index(2) > order.index(1) and order.index(3) > order.index(2)
+    times = plan.schedule()
+    assert times[0] == (0, 1) and times[1] == (0, 1) and times[2] == (1, 2) and times[3] == (2, 3)
+    m = clock_metrics(plan)
+    assert m["parallelism"] == 0.5 and m["delay"] == 2 and m["duration"] == 3 and m["max_parallelism"] == 0.5
+
+
+def test_plan_refuses_cycles_and_missing_tasks():
+    with pytest.raises(ValueError, match="cycle"):
+        RoundPlan(0, [Task(0, sources=(Source(1, fresh=True),)), Task(1, sources=(Source(0, fresh=True),))])
+    with pytest.raises(ValueError, match="without a task"):
+        RoundPlan(0, [Task(0, sources=(Source(5, fresh=True),))])
+    with pytest.raises(ValueError, match="several tasks"):
+        RoundPlan(0, [Task(0), Task(0)])
