@@ -1,1 +1,3 @@
-"""lightning-dfl."""
+"""lightning-dfl: decentralized, personalized federated learning with sparse training."""
+
+__version__ = "0.1.0"

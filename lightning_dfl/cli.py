@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ class FederatedCLI(LightningCLI):
     def before_fit(self) -> None:
         log_dir = self.trainer.log_dir
         if log_dir and self.trainer.is_global_zero:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            getattr(self.trainer.logger, "experiment", None)  # let the logger create its folder first
             parser = self._parser(self.subcommand)
             config = self.config[self.subcommand] if self.subcommand else self.config
             parser.save(config, str(Path(log_dir) / "config.yaml"), skip_none=False, overwrite=True,
@@ -74,8 +73,7 @@ def _has_omegaconf() -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``lightning-dfl`` console script."""
-    args = sys.argv[1:] if argv is None else argv
-    FederatedCLI(args=args)
+    FederatedCLI(args=argv)
 
 
 if __name__ == "__main__":

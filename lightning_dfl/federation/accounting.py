@@ -61,23 +61,24 @@ class RoundAccounting:
     def metrics(self) -> dict[str, float]:
         """The round's metrics, named ``group/name``."""
         out: dict[str, float] = {"round": float(self.round_idx)}
-        trained = [r.acc_trained for r in self.records if r.acc_trained is not None]
-        aggregated = [r.acc_aggregated for r in self.records if r.acc_aggregated is not None]
+        records = sorted(self.records, key=lambda r: r.client)  # sums independent of task order
+        trained = [r.acc_trained for r in records if r.acc_trained is not None]
+        aggregated = [r.acc_aggregated for r in records if r.acc_aggregated is not None]
         if trained:
             out["acc/personal_mean"], out["acc/personal_std"] = _mean_std(trained)
         if aggregated:
             out["acc/aggregated_mean"], out["acc/aggregated_std"] = _mean_std(aggregated)
-        losses = [r.loss for r in self.records if not math.isnan(r.loss)]
+        losses = [r.loss for r in records if not math.isnan(r.loss)]
         if losses:
             out["train/loss"] = sum(losses) / len(losses)
-        densities = [r.density for r in self.records]
+        densities = [r.density for r in records]
         if densities:
             out["density/mean"], out["density/std"] = _mean_std(densities)
             out["density/min"], out["density/max"] = min(densities), max(densities)
-        flops = [r.flops for r in self.records]
+        flops = [r.flops for r in records]
         out["flops/train_total"] = float(sum(flops))
         out["flops/train_per_client"] = float(sum(flops) / len(flops)) if flops else 0.0
-        out["samples/train"] = float(sum(r.train_samples for r in self.records))
+        out["samples/train"] = float(sum(r.train_samples for r in records))
         nodes = set(self.download) | set(self.upload)
         busiest = max((max(self.download[n], self.upload[n]) for n in nodes), default=0)
         busiest_mask = max((max(self.mask_download[n], self.mask_upload[n]) for n in nodes), default=0)

@@ -40,19 +40,23 @@ def masked_average(
         if coef.shape != (num_sources,) or bool((coef < 0).any()) or float(coef.sum()) <= 0:
             raise ValueError(f"coefficients must be {num_sources} non-negative numbers with a positive sum, "
                              f"got {coef.tolist()}")
+    uniform = coefficients is None
     out: dict[str, Tensor] = {}
     for name, stacked in weights.items():
         if not stacked.is_floating_point():
             out[name] = stacked[0].clone()
             continue
         c = coef.to(stacked.dtype).view(-1, *([1] * (stacked.dim() - 1)))
-        numerator = (stacked * c).sum(dim=0)
+        numerator = stacked.sum(dim=0) if uniform else (stacked * c).sum(dim=0)
         if name in masks:
-            denominator = (masks[name].to(stacked.dtype) * c).sum(dim=0)
-            averaged = torch.where(denominator > 0, numerator / denominator.clamp_min(1e-12), 0.0)
+            if uniform:
+                denominator = masks[name].sum(dim=0, dtype=stacked.dtype)
+            else:
+                denominator = (masks[name].to(stacked.dtype) * c).sum(dim=0)
+            averaged = numerator.div_(denominator.clamp_min_(1e-12))  # 0 where nobody holds the weight
             if receiver_mask is not None:
-                averaged = averaged * receiver_mask[name].to(stacked.dtype)
+                averaged.mul_(receiver_mask[name])
         else:
-            averaged = numerator / c.sum()
+            averaged = numerator.div_(float(coef.sum()))
         out[name] = averaged
     return out

@@ -84,6 +84,15 @@ class ModelMask:
             self.masks[name] = mask.detach().to(device=self.params[name].device, dtype=torch.bool).clone()
         self._handles: list = []
         self._dense_gradients = False
+        self._cast: dict[tuple[str, torch.dtype], Tensor] = {}
+
+    def _as(self, name: str, dtype: torch.dtype) -> Tensor:
+        """The mask as 0/1 of ``dtype`` (cached until the mask changes)."""
+        key = (name, dtype)
+        cached = self._cast.get(key)
+        if cached is None:
+            cached = self._cast[key] = self.masks[name].to(dtype)
+        return cached
 
     # -- enforcement -------------------------------------------------------------------
     def attach(self) -> "ModelMask":
@@ -104,7 +113,7 @@ class ModelMask:
         def hook(grad: Tensor) -> Tensor:
             if self._dense_gradients:
                 return grad
-            return grad * self.masks[name].to(grad.dtype)
+            return grad * self._as(name, grad.dtype)
 
         return hook
 
@@ -121,11 +130,12 @@ class ModelMask:
     def apply_(self) -> None:
         """Zero the inactive weights (call after every optimizer step)."""
         for name, param in self.params.items():
-            param.mul_(self.masks[name].to(param.dtype))
+            param.mul_(self._as(name, param.dtype))
 
     def to(self, device: torch.device | str) -> "ModelMask":
         """Move the mask tensors to ``device`` (after the module was moved)."""
         self.masks = {name: mask.to(device) for name, mask in self.masks.items()}
+        self._cast.clear()
         return self
 
     # -- state ---------------------------------------------------------------------------
@@ -136,6 +146,7 @@ class ModelMask:
             raise ValueError(f"expected masks for {sorted(self.masks)}, got {sorted(masks)}")
         for name, mask in masks.items():
             self.masks[name].copy_(mask)
+        self._cast.clear()
         if apply:
             self.apply_()
 

@@ -20,6 +20,8 @@ class RoundContext:
     num_clients: int
     sample_counts: tuple[int, ...]
     rng: np.random.Generator
+    #: simulated task durations per client (``None``: all 1)
+    durations: tuple[float, ...] | None = None
 
 
 class Algorithm:

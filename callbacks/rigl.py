@@ -1,0 +1,357 @@
+"""RigL dynamic sparse training as a Lightning callback (DisPFL Alg. 2, DA-DPFL Alg. 3).
+
+Works in a plain ``lightning.pytorch.Trainer`` on any ``LightningModule`` and in lightning-dfl's
+federation. The drop-and-regrow step itself is :func:`lightning_dfl.sparse.rigl.rigl_masks`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from itertools import islice
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from torch import Tensor
+
+from lightning_dfl.callbacks.base import FederatedCallback, is_federated
+from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
+from lightning_dfl.sparse.masks import Masks, ModelMask
+from lightning_dfl.sparse.rigl import REGROWTH_MODES, cosine_drop_fraction, dense_gradients, rigl_masks
+
+UPDATE_INTERVALS = ("step", "epoch")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class RigL(FederatedCallback):
+    r"""Drop the smallest active weights and regrow as many by dense gradient, periodically.
+
+    .. code-block:: python
+
+        trainer = Trainer(callbacks=[RigL(density=0.3, update_every=100)])
+
+    The mask is the module's own when ``pl_module.mask`` is a
+    :class:`~lightning_dfl.sparse.masks.ModelMask` (lightning-dfl's models). Otherwise the
+    callback builds one at ``setup("fit")`` over the module's Conv/Linear weights with the given
+    ``density`` and ``distribution``, attaches its gradient hooks and re-masks the weights after
+    every optimizer step, so that momentum and weight decay cannot revive a dropped weight.
+
+    Plain ``Trainer``: every ``update_every`` optimizer steps (or epochs) the mask is updated
+    with ``t`` = steps (epochs) done and ``T`` = ``trainer.estimated_stepping_batches``
+    (``max_epochs``); the regrowth gradient is taken on the current batch (the epoch's last
+    batch with ``update_interval="epoch"``). Dropped weights are zeroed; regrown weights start
+    at zero.
+
+    Federation (``trainer.is_federated``): step and epoch updates are off; after each client's
+    task (``on_client_end``, once its model was published) the client's mask is updated with
+    ``t = trainer.current_round``, ``T = trainer.max_rounds`` and the gradient of
+    ``gradient_batches`` batches of ``trainer.train_dataloader``.
+
+    The loss is ``pl_module.loss(batch)`` when the module defines such a method, else the loss
+    returned by ``pl_module.training_step(batch, batch_idx)`` (its ``self.log`` calls are muted
+    during this pass). The gradient pass runs in eval mode, as the DisPFL authors' code does.
+
+    Args:
+        drop_fraction: ``alpha_0`` of the cosine schedule
+            ``alpha_t = alpha_0 / 2 (1 + cos(pi t / T))``, in ``[0, 1]``; or a callable
+            ``(t, T) -> fraction``.
+        regrowth: ``"gradient"`` (RigL) or ``"random"`` (uniform among inactive positions).
+        gradient_batches: batches whose dense gradient scores regrowth (federation only; a
+            plain ``Trainer`` uses the current batch).
+        update_every: update period in ``update_interval`` units (plain ``Trainer`` only).
+        update_interval: ``"step"`` (optimizer steps) or ``"epoch"``.
+        stop_fraction: no update once ``t >= stop_fraction * T`` (RigL's ``T_end``), in ``(0, 1]``.
+        density: share of active weights of a mask the callback builds, in ``(0, 1]``.
+        distribution: layer densities of such a mask: one of ``"erk"``, ``"uniform"``.
+        seed: seed of the initial mask and of random regrowth; random regrowth uses a generator
+            seeded from ``(seed, t)``, or ``(seed, round, client_id)`` in the federation, so the
+            result does not depend on execution order.
+        verbose: 0 silent, 1 one line per update, 2 also one line per layer.
+
+    Raises:
+        MisconfigurationException: if an argument is out of range or of the wrong type.
+    """
+
+    def __init__(
+        self,
+        drop_fraction: float | Callable[[int, int], float] = 0.5,
+        regrowth: str = "gradient",
+        gradient_batches: int = 1,
+        update_every: int = 100,
+        update_interval: str = "step",
+        stop_fraction: float = 1.0,
+        density: float = 0.5,
+        distribution: str = "erk",
+        seed: int = 0,
+        verbose: int = 0,
+    ) -> None:
+        if callable(drop_fraction):
+            pass
+        elif not _is_number(drop_fraction) or not 0.0 <= drop_fraction <= 1.0:
+            raise MisconfigurationException(
+                f"`drop_fraction` must be a float in [0, 1] or a callable (t, T) -> float, got {drop_fraction!r}")
+        if regrowth not in REGROWTH_MODES:
+            raise MisconfigurationException(f"`regrowth` must be one of {REGROWTH_MODES}, got {regrowth!r}")
+        if not _is_int(gradient_batches) or gradient_batches < 1:
+            raise MisconfigurationException(f"`gradient_batches` must be an int >= 1, got {gradient_batches!r}")
+        if not _is_int(update_every) or update_every < 1:
+            raise MisconfigurationException(f"`update_every` must be an int >= 1, got {update_every!r}")
+        if update_interval not in UPDATE_INTERVALS:
+            raise MisconfigurationException(
+                f"`update_interval` must be one of {UPDATE_INTERVALS}, got {update_interval!r}")
+        if not _is_number(stop_fraction) or not 0.0 < stop_fraction <= 1.0:
+            raise MisconfigurationException(f"`stop_fraction` must be a float in (0, 1], got {stop_fraction!r}")
+        if not _is_number(density) or not 0.0 < density <= 1.0:
+            raise MisconfigurationException(f"`density` must be a float in (0, 1], got {density!r}")
+        if distribution not in DISTRIBUTIONS:
+            raise MisconfigurationException(f"`distribution` must be one of {DISTRIBUTIONS}, got {distribution!r}")
+        if not _is_int(seed):
+            raise MisconfigurationException(f"`seed` must be an int, got {seed!r}")
+        if verbose not in (0, 1, 2) or isinstance(verbose, bool):
+            raise MisconfigurationException(f"`verbose` must be any of (0, 1, 2), got {verbose!r}")
+
+        self.drop_fraction = drop_fraction
+        self.regrowth = regrowth
+        self.gradient_batches = gradient_batches
+        self.update_every = update_every
+        self.update_interval = update_interval
+        self.stop_fraction = float(stop_fraction)
+        self.density = float(density)
+        self.distribution = distribution
+        self.seed = seed
+        self.verbose = verbose
+
+        self._own_mask: ModelMask | None = None  # only when the module brings no mask
+        self._pending_masks: Masks | None = None  # restored before the mask was built
+        self._total: int | None = None  # T of the plain-Trainer schedule
+        self._num_updates = 0
+        self._last_update_step = 0
+        self._last_batch: tuple[Any, int] | None = None
+
+    # -- the mask ------------------------------------------------------------------------
+    @property
+    def owns_mask(self) -> bool:
+        """True when the callback built the mask (the module brought none)."""
+        return self._own_mask is not None
+
+    def _module_mask(self, pl_module: Any) -> ModelMask | None:
+        mask = getattr(pl_module, "mask", None)
+        return mask if isinstance(mask, ModelMask) else None
+
+    def _mask(self, pl_module: Any) -> ModelMask:
+        mask = self._module_mask(pl_module)
+        if mask is not None:
+            return mask
+        if self._own_mask is None or self._own_mask.module is not pl_module:
+            raise RuntimeError("RigL has no mask for this module: it brings no `mask` (ModelMask) "
+                               "and the callback's own mask is built in `setup('fit')`")
+        return self._own_mask
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or self._module_mask(pl_module) is not None:
+            return
+        if not getattr(pl_module, "automatic_optimization", True) and not self._has_loss_method(pl_module):
+            raise MisconfigurationException(
+                "RigL needs a loss without side effects: with manual optimization `training_step` "
+                "steps the optimizer, so define `loss(batch) -> Tensor` on the module")
+        if self._own_mask is not None and self._own_mask.module is pl_module:
+            self._own_mask.attach()
+            return
+        if self._pending_masks is not None:
+            masks, self._pending_masks = self._pending_masks, None
+        else:
+            generator = torch.Generator().manual_seed(self.seed)
+            masks = initial_masks(pl_module, self.density, self.distribution, generator=generator)
+        if not masks:
+            raise MisconfigurationException(
+                f"RigL found no Conv/Linear weights to mask in {type(pl_module).__name__}")
+        self._own_mask = ModelMask(pl_module, masks).attach()
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # The strategy moves the module to its device after `setup`: follow it.
+        own = self._own_mask
+        if own is not None and any(own.masks[n].device != p.device for n, p in own.params.items()):
+            own.detach()
+            self._own_mask = ModelMask(pl_module, own.masks).attach()
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and self._own_mask is not None:
+            self._own_mask.detach()
+
+    # -- plain Trainer -------------------------------------------------------------------
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if is_federated(trainer):
+            return
+        if self.update_interval == "step":
+            total = trainer.estimated_stepping_batches
+        else:
+            total = trainer.max_epochs if trainer.max_epochs is not None else -1
+        if not (isinstance(total, int) or (isinstance(total, float) and total.is_integer())) or total < 1:
+            raise MisconfigurationException(
+                f"RigL's schedule needs a finite training length T, got {total!r} "
+                f"({'estimated_stepping_batches' if self.update_interval == 'step' else 'max_epochs'}); "
+                "set max_steps or max_epochs")
+        self._total = int(total)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        if self._own_mask is not None:
+            self._own_mask.apply_()  # after the optimizer step
+        if is_federated(trainer):
+            return
+        if self.update_interval == "epoch":
+            self._last_batch = (batch, batch_idx)
+            return
+        step = trainer.global_step
+        if step > self._last_update_step and step % self.update_every == 0:
+            self._plain_update(trainer, pl_module, step, batch, batch_idx)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if is_federated(trainer) or self.update_interval != "epoch" or self._last_batch is None:
+            return
+        epoch = trainer.current_epoch + 1  # epochs done
+        batch, batch_idx = self._last_batch
+        self._last_batch = None
+        if epoch > self._last_update_step and epoch % self.update_every == 0:
+            self._plain_update(trainer, pl_module, epoch, batch, batch_idx)
+
+    def _plain_update(self, trainer: Trainer, pl_module: LightningModule, t: int, batch: Any,
+                      batch_idx: int) -> None:
+        total = self._total
+        if total is None or t >= self.stop_fraction * total:
+            return
+        self._last_update_step = t
+        mask = self._mask(pl_module)
+        new = self._search(pl_module, mask, t, total, [batch], batch_idx, (self.seed, t))
+        if getattr(trainer, "world_size", 1) > 1:  # identical masks on every rank
+            new = trainer.strategy.broadcast(new, src=0)
+        self._load(mask, new, f"step {t}" if self.update_interval == "step" else f"epoch {t}")
+
+    # -- federation ----------------------------------------------------------------------
+    def on_client_end(self, trainer: Any, pl_module: Any, client_id: int) -> None:
+        mask = self._module_mask(pl_module)
+        if mask is None:
+            raise RuntimeError(
+                "RigL in a federation needs the module's own ModelMask (`pl_module.mask`), so that "
+                f"each client's mask travels with its state; {type(pl_module).__name__} has none")
+        t, total = int(trainer.current_round), int(trainer.max_rounds)
+        if t >= self.stop_fraction * total:
+            return
+        device = next(iter(mask.params.values())).device
+        with torch.random.fork_rng(devices=[]):  # drawing batches leaves the global RNG alone
+            batches = [move_data_to_device(b, device)
+                       for b in islice(iter(trainer.train_dataloader), self.gradient_batches)]
+        if not batches:
+            raise RuntimeError(f"client {client_id} has no training batch to score regrowth with")
+        new = self._search(pl_module, mask, t, total, batches, 0, (self.seed, t, int(client_id)))
+        self._load(mask, new, f"round {t} client {client_id}")
+
+    # -- shared --------------------------------------------------------------------------
+    def fraction(self, t: int, total: int) -> float:
+        """The drop fraction at ``t`` of ``total`` (the cosine schedule or the user's callable)."""
+        if callable(self.drop_fraction):
+            value = self.drop_fraction(t, total)
+            if not _is_number(value) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"the `drop_fraction` callable returned {value!r} at t={t}, T={total}; "
+                                 "expected a float in [0, 1]")
+            return float(value)
+        return cosine_drop_fraction(self.drop_fraction, t, total)
+
+    def _search(self, pl_module: Any, mask: ModelMask, t: int, total: int, batches: list,
+                batch_idx: int, seed_key: tuple[int, ...]) -> Masks:
+        mask.apply_()  # magnitudes and gradients at the masked weights
+        fraction = self.fraction(t, total)
+        weights = {name: p.detach() for name, p in mask.params.items()}
+        if self.regrowth == "gradient":
+            with _muted_logging(pl_module):
+                scores = dense_gradients(pl_module, mask, self._loss_fn(pl_module, batch_idx), batches)
+            return rigl_masks(weights, mask.masks, fraction, scores=scores, mode="gradient")
+        generator = torch.Generator().manual_seed(int(np.random.SeedSequence(seed_key).generate_state(1)[0]))
+        return rigl_masks(weights, mask.masks, fraction, mode="random", generator=generator)
+
+    def _load(self, mask: ModelMask, new: Masks, when: str) -> None:
+        changed = {name: int((new[name].to(old.device) & ~old).sum()) for name, old in mask.masks.items()}
+        mask.load_(new, apply=True)
+        self._num_updates += 1
+        if self.verbose >= 1:
+            rank_zero_info(f"RigL {when}: density {mask.density():.4f}, "
+                           f"{sum(changed.values())} weights regrown (as many dropped)")
+        if self.verbose >= 2:
+            for name, m in mask.masks.items():
+                rank_zero_info(f"RigL   {name}: density {m.float().mean().item():.4f}, "
+                               f"{changed[name]} regrown")
+
+    @staticmethod
+    def _has_loss_method(pl_module: Any) -> bool:
+        return inspect.isfunction(getattr(type(pl_module), "loss", None))
+
+    def _loss_fn(self, pl_module: Any, batch_idx: int) -> Callable[[Any], Tensor]:
+        if self._has_loss_method(pl_module):
+            return pl_module.loss
+
+        def training_step_loss(batch: Any) -> Tensor:
+            out = pl_module.training_step(batch, batch_idx)
+            if isinstance(out, Mapping):
+                if "loss" not in out:
+                    raise RuntimeError(f"training_step returned a dict without 'loss' (keys {sorted(out)}); "
+                                       "RigL needs the loss to score regrowth")
+                out = out["loss"]
+            if not isinstance(out, Tensor):
+                raise RuntimeError(f"training_step returned {type(out).__name__}, not a loss tensor; "
+                                   "define `loss(batch) -> Tensor` on the module for RigL")
+            return out
+
+        return training_step_loss
+
+    # -- checkpointing -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"num_updates": self._num_updates, "last_update_step": self._last_update_step}
+        if self._own_mask is not None:
+            state["masks"] = self._own_mask.state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._num_updates = int(state_dict.get("num_updates", 0))
+        self._last_update_step = int(state_dict.get("last_update_step", 0))
+        masks = state_dict.get("masks")
+        if masks is None:
+            return
+        if self._own_mask is not None:
+            self._own_mask.load_(masks, apply=True)
+        else:
+            self._pending_masks = {name: m.clone() for name, m in masks.items()}
+
+
+@contextmanager
+def _muted_logging(pl_module: Any) -> Iterator[None]:
+    """Within this block ``pl_module.log`` and ``log_dict`` do nothing (the scoring pass)."""
+    names = [name for name in ("log", "log_dict") if hasattr(pl_module, name)]
+    missing = object()
+    previous = {name: vars(pl_module).get(name, missing) for name in names}
+    for name in names:
+        setattr(pl_module, name, _no_log)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is missing:
+                delattr(pl_module, name)
+            else:
+                setattr(pl_module, name, value)
+
+
+def _no_log(*args: Any, **kwargs: Any) -> None:
+    return None

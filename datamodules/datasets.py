@@ -1,0 +1,510 @@
+"""Image classification data sets, decoded once into uint8 tensors.
+
+Every loader returns a :class:`Split` of two :class:`ImageData` records (train and test) whose
+images are one ``uint8`` tensor ``[N, C, H, W]``: decoding happens here, once, never per sample
+at training time. The protocol data sets of DisPFL App. B.1 (CIFAR-10/100, Tiny-ImageNet) and
+DA-DPFL Sec. VI (CIFAR-10/100, HAM10000) are read from their official on-disk formats; the
+torchvision sets go through torchvision's own dataset classes (and their checksums).
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "DATASETS",
+    "HAM10000_CLASSES",
+    "ImageData",
+    "Split",
+    "decode_images",
+    "default_data_root",
+    "load_cifar10",
+    "load_cifar100",
+    "load_dataset",
+    "load_digits",
+    "load_ham10000",
+    "load_image_folder",
+    "load_mnist",
+    "load_svhn",
+    "load_tiny_imagenet",
+    "resize_images",
+    "resize_split",
+]
+
+#: HAM10000 diagnosis codes (the ``dx`` column) in the fixed label order used here.
+HAM10000_CLASSES = ("akiec", "bcc", "bkl", "df", "mel", "nv", "vasc")
+
+_DOWNLOAD_HINT = "Pass download=True to fetch it with torchvision (needs network access)."
+# Errors torchvision's readers raise on truncated or foreign files once the files exist.
+_READ_ERRORS = (RuntimeError, ValueError, TypeError, KeyError, EOFError, pickle.UnpicklingError)
+
+
+@dataclass(frozen=True)
+class ImageData:
+    """Images ``uint8 [N, C, H, W]``, labels ``int64 [N]`` in ``[0, len(classes))`` and class names."""
+
+    images: Tensor
+    labels: Tensor
+    classes: list[str]
+
+    def __post_init__(self) -> None:
+        if self.images.dtype != torch.uint8 or self.images.ndim != 4:
+            raise ValueError(
+                f"images must be a uint8 tensor [N, C, H, W], got {self.images.dtype} "
+                f"with shape {tuple(self.images.shape)}"
+            )
+        if self.labels.dtype != torch.int64 or self.labels.shape != (self.images.shape[0],):
+            raise ValueError(
+                f"labels must be an int64 tensor [N] with N={self.images.shape[0]}, got "
+                f"{self.labels.dtype} with shape {tuple(self.labels.shape)}"
+            )
+        if len(self.labels) and not 0 <= int(self.labels.min()) <= int(self.labels.max()) < len(self.classes):
+            raise ValueError(
+                f"labels must lie in [0, {len(self.classes)}) for {len(self.classes)} classes, got "
+                f"[{int(self.labels.min())}, {int(self.labels.max())}]"
+            )
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of one image."""
+        return tuple(int(s) for s in self.images.shape[1:])  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Split:
+    """The official (or fixed, seeded) train/test split of one data set."""
+
+    train: ImageData
+    test: ImageData
+
+    def __post_init__(self) -> None:
+        if list(self.train.classes) != list(self.test.classes):
+            raise ValueError("train and test splits must share one class list")
+        if self.train.input_shape != self.test.input_shape:
+            raise ValueError(
+                f"train images {self.train.input_shape} and test images {self.test.input_shape} differ in shape"
+            )
+
+    @property
+    def classes(self) -> list[str]:
+        return self.train.classes
+
+    @property
+    def num_classes(self) -> int:
+        return self.train.num_classes
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return self.train.input_shape
+
+
+def default_data_root() -> Path:
+    """``$LIGHTNING_DFL_DATA`` if set, else ``~/.cache/lightning-dfl``."""
+    return Path(os.environ.get("LIGHTNING_DFL_DATA", "~/.cache/lightning-dfl")).expanduser()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _labels(values) -> Tensor:
+    return torch.as_tensor(np.asarray(values), dtype=torch.int64).reshape(-1)
+
+
+def _check_image_size(image_size: int | None) -> None:
+    if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1):
+        raise ValueError(f"image_size must be None or an integer >= 1, got {image_size!r}")
+
+
+def resize_images(images: Tensor, size: int, chunk: int = 4096) -> Tensor:
+    """Resize a ``uint8 [N, C, H, W]`` batch to ``size x size`` (bilinear, antialiased)."""
+    from torchvision.transforms.v2 import functional as TF
+
+    _check_image_size(size)
+    if tuple(images.shape[-2:]) == (size, size):
+        return images
+    out = torch.empty((images.shape[0], images.shape[1], size, size), dtype=torch.uint8)
+    for start in range(0, images.shape[0], chunk):
+        out[start : start + chunk] = TF.resize(images[start : start + chunk], [size, size], antialias=True)
+    return out
+
+
+def resize_split(split: Split, size: int) -> Split:
+    """Both halves of ``split`` resized to ``size x size``."""
+    return Split(
+        ImageData(resize_images(split.train.images, size), split.train.labels, split.train.classes),
+        ImageData(resize_images(split.test.images, size), split.test.labels, split.test.classes),
+    )
+
+
+def decode_images(paths: Sequence[str | os.PathLike], image_size: int | None = None) -> Tensor:
+    """Decode image files once into one RGB ``uint8 [N, 3, H, W]`` tensor (torchvision.io).
+
+    With ``image_size`` every image is resized to ``image_size x image_size``; without it all
+    images must already share one size.
+    """
+    from torchvision.io import ImageReadMode, decode_image, read_file
+    from torchvision.transforms.v2 import functional as TF
+
+    _check_image_size(image_size)
+    out: Tensor | None = None
+    for i, path in enumerate(paths):
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"image file not found: {path}")
+        try:
+            img = decode_image(read_file(path), mode=ImageReadMode.RGB)
+        except RuntimeError as err:
+            raise ValueError(f"cannot decode image {path}: {err}") from err
+        if image_size is not None and tuple(img.shape[-2:]) != (image_size, image_size):
+            img = TF.resize(img, [image_size, image_size], antialias=True)
+        if out is None:
+            out = torch.empty((len(paths), *img.shape), dtype=torch.uint8)
+        elif img.shape != out.shape[1:]:
+            raise ValueError(
+                f"image {path} is {img.shape[1]}x{img.shape[2]} but earlier images are "
+                f"{out.shape[2]}x{out.shape[3]}; pass image_size=<int> to resize all images to one size"
+            )
+        out[i] = img
+    if out is None:
+        return torch.empty((0, 3, image_size or 0, image_size or 0), dtype=torch.uint8)
+    return out
+
+
+def _find_base(root: str | os.PathLike, marker: str, subdir: str | None) -> Path | None:
+    """``root`` if it holds ``marker``, else ``root/subdir`` if that does, else None."""
+    base = Path(root).expanduser()
+    if (base / marker).exists():
+        return base
+    if subdir is not None and (base / subdir / marker).exists():
+        return base / subdir
+    return None
+
+
+def _require_files(
+    name: str, root: Path, files: Sequence[str], layout: str, download: bool, hint: str = ""
+) -> None:
+    """Raise FileNotFoundError naming ``root`` and the expected layout when files are missing."""
+    if download:
+        return
+    missing = [f for f in files if not (root / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{name} not found under {root}: missing {', '.join(missing)}. Expected layout: {layout}. "
+            + _DOWNLOAD_HINT
+            + hint
+        )
+
+
+def _torchvision_call(name: str, root: Path, layout: str, factory: Callable[[], object]):
+    """Build a torchvision data set; a failed checksum or unreadable file becomes a ValueError."""
+    try:
+        return factory()
+    except _READ_ERRORS as err:
+        raise ValueError(
+            f"{name} under {root} is corrupt or not the official files (torchvision: {err}). Expected layout: "
+            f"{layout}. Delete the files and pass download=True to fetch the official copy (needs network access)."
+        ) from err
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def load_digits(root: str | os.PathLike | None = None) -> Split:
+    """scikit-learn's bundled 8x8 digits (1,797 images): values 0..16 scaled to 0..255.
+
+    A stratified split, ``train_test_split(test_size=0.25, random_state=0)``: 1,347 train and
+    450 test images. ``root`` is ignored: the data ships with scikit-learn.
+    """
+    from sklearn.datasets import load_digits as _sk_load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = _sk_load_digits()
+    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]  # [N, 1, 8, 8]
+    labels = bunch.target.astype(np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(labels)), test_size=0.25, random_state=0, stratify=labels
+    )
+    classes = [str(c) for c in range(10)]
+
+    def part(idx):
+        return ImageData(torch.from_numpy(images[idx]), _labels(labels[idx]), classes)
+
+    return Split(part(train_idx), part(test_idx))
+
+
+_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def load_mnist(root: str | os.PathLike, download: bool = False) -> Split:
+    """MNIST through ``torchvision.datasets.MNIST``: ``root/MNIST/raw/*-ubyte`` (the idx files)."""
+    from torchvision.datasets import MNIST
+
+    root = Path(root).expanduser()
+    layout = f"{root}/MNIST/raw/{{{','.join(_MNIST_FILES)}}} (torchvision's MNIST layout, idx files unzipped)"
+    _require_files("MNIST", root, [f"MNIST/raw/{f}" for f in _MNIST_FILES], layout, download)
+
+    def part(train: bool) -> ImageData:
+        ds = _torchvision_call("MNIST", root, layout, lambda: MNIST(str(root), train=train, download=download))
+        return ImageData(ds.data.to(torch.uint8).unsqueeze(1).contiguous(), _labels(ds.targets), list(ds.classes))
+
+    return Split(part(True), part(False))
+
+
+def _load_cifar(cls, name: str, folder: str, files: Sequence[str], root, download: bool, hint: str = "") -> Split:
+    root = Path(root).expanduser()
+    layout = f"{root}/{folder}/{{{','.join(files)}}} (the official python pickles, torchvision's layout)"
+    _require_files(name, root, [f"{folder}/{f}" for f in files], layout, download, hint)
+
+    def part(train: bool) -> ImageData:
+        ds = _torchvision_call(name, root, layout, lambda: cls(str(root), train=train, download=download))
+        images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()  # HWC -> CHW
+        return ImageData(images, _labels(ds.targets), list(ds.classes))
+
+    return Split(part(True), part(False))
+
+
+def load_cifar10(root: str | os.PathLike, download: bool = False) -> Split:
+    """CIFAR-10 through ``torchvision.datasets.CIFAR10``: ``root/cifar-10-batches-py/``.
+
+    For the offline JPEG copy (``cifar10-jpg/{train,test}/<class>/``) use :func:`load_image_folder`.
+    """
+    from torchvision.datasets import CIFAR10
+
+    files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+    hint = " A JPEG copy unpacked as cifar10-jpg/{train,test}/<class>/ is read with dataset='image_folder'."
+    return _load_cifar(CIFAR10, "CIFAR-10", "cifar-10-batches-py", files, root, download, hint)
+
+
+def load_cifar100(root: str | os.PathLike, download: bool = False) -> Split:
+    """CIFAR-100 (100 fine labels) through ``torchvision.datasets.CIFAR100``: ``root/cifar-100-python/``."""
+    from torchvision.datasets import CIFAR100
+
+    return _load_cifar(CIFAR100, "CIFAR-100", "cifar-100-python", ["train", "test", "meta"], root, download)
+
+
+def load_svhn(root: str | os.PathLike, download: bool = False) -> Split:
+    """SVHN (cropped digits, label 10 read as 0) through ``torchvision.datasets.SVHN``:
+    ``root/train_32x32.mat`` and ``root/test_32x32.mat``."""
+    from torchvision.datasets import SVHN
+
+    root = Path(root).expanduser()
+    files = ["train_32x32.mat", "test_32x32.mat"]
+    layout = f"{root}/{{{','.join(files)}}} (the official .mat files, torchvision's layout)"
+    _require_files("SVHN", root, files, layout, download)
+    classes = [str(c) for c in range(10)]
+
+    def part(split: str) -> ImageData:
+        ds = _torchvision_call("SVHN", root, layout, lambda: SVHN(str(root), split=split, download=download))
+        return ImageData(torch.from_numpy(np.ascontiguousarray(ds.data)), _labels(ds.labels), classes)
+
+    return Split(part("train"), part("test"))
+
+
+def load_image_folder(root: str | os.PathLike, image_size: int | None = None) -> Split:
+    """``root/train/<class>/*`` and ``root/test/<class>/*`` (torchvision ImageFolder conventions).
+
+    Classes are the sorted sub-folder names and must be the same in both halves; images are
+    decoded once as RGB, resized to ``image_size`` when given. The offline CIFAR-10 copy
+    unpacks to such a folder (``cifar10-jpg``).
+    """
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    _check_image_size(image_size)
+    root = Path(root).expanduser()
+    layout = f"{root}/train/<class>/<image> and {root}/test/<class>/<image> (ImageFolder layout)"
+    for half in ("train", "test"):
+        if not (root / half).is_dir():
+            raise FileNotFoundError(f"image folder not found: {root / half} is missing. Expected layout: {layout}")
+    classes, class_to_idx = find_classes(root / "train")
+    test_classes, _ = find_classes(root / "test")
+    if test_classes != classes:
+        raise ValueError(
+            f"class folders differ between {root / 'train'} and {root / 'test'}: only in train "
+            f"{sorted(set(classes) - set(test_classes))}, only in test {sorted(set(test_classes) - set(classes))}"
+        )
+
+    def part(half: str) -> ImageData:
+        samples = make_dataset(root / half, class_to_idx, extensions=IMG_EXTENSIONS)
+        images = decode_images([p for p, _ in samples], image_size)
+        return ImageData(images, _labels([c for _, c in samples]), list(classes))
+
+    return Split(part("train"), part("test"))
+
+
+def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None) -> Split:
+    """Tiny-ImageNet-200 in its official layout; the test split is the official validation set.
+
+    ``root`` is the ``tiny-imagenet-200`` folder (or its parent): ``wnids.txt``,
+    ``train/<wnid>/images/*.JPEG``, ``val/images/*.JPEG`` and ``val/val_annotations.txt``
+    (``<file>\\t<wnid>\\t...``). Classes are the sorted wnids; grayscale images become RGB.
+    """
+    _check_image_size(image_size)
+    base = _find_base(root, "wnids.txt", "tiny-imagenet-200")
+    layout = (
+        "tiny-imagenet-200/{wnids.txt, train/<wnid>/images/*.JPEG, val/images/*.JPEG, "
+        "val/val_annotations.txt}"
+    )
+    if base is None:
+        raise FileNotFoundError(
+            f"Tiny-ImageNet not found under {Path(root).expanduser()}: no wnids.txt there or in its "
+            f"tiny-imagenet-200/ sub-folder. Expected layout: {layout}"
+        )
+    wnids = sorted({line.strip() for line in (base / "wnids.txt").read_text().splitlines() if line.strip()})
+    if not wnids:
+        raise ValueError(f"{base / 'wnids.txt'} lists no classes")
+    class_to_idx = {w: i for i, w in enumerate(wnids)}
+
+    train_paths, train_labels = [], []
+    for wnid in wnids:
+        folder = base / "train" / wnid / "images"
+        if not folder.is_dir():
+            raise FileNotFoundError(f"Tiny-ImageNet class folder missing: {folder}. Expected layout: {layout}")
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+        train_paths += files
+        train_labels += [class_to_idx[wnid]] * len(files)
+
+    annotations = base / "val" / "val_annotations.txt"
+    if not annotations.is_file():
+        raise FileNotFoundError(f"Tiny-ImageNet validation labels missing: {annotations}. Expected layout: {layout}")
+    test_paths, test_labels = [], []
+    for lineno, line in enumerate(annotations.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) < 2 or fields[1] not in class_to_idx:
+            raise ValueError(f"{annotations}:{lineno}: expected '<file>\\t<wnid in wnids.txt>\\t...', got {line!r}")
+        test_paths.append(base / "val" / "images" / fields[0])
+        test_labels.append(class_to_idx[fields[1]])
+
+    return Split(
+        ImageData(decode_images(train_paths, image_size), _labels(train_labels), wnids),
+        ImageData(decode_images(test_paths, image_size), _labels(test_labels), list(wnids)),
+    )
+
+
+_HAM_IMAGE_DIRS = ("images", "HAM10000_images_part_1", "HAM10000_images_part_2")
+
+
+def load_ham10000(
+    root: str | os.PathLike, image_size: int = 64, test_fraction: float = 0.2, seed: int = 0
+) -> Split:
+    """HAM10000 skin lesions: ``HAM10000_metadata.csv`` plus ``ISIC_*.jpg`` images.
+
+    Images live in ``images/`` or the official ``HAM10000_images_part_1/`` and ``_part_2/``;
+    ``root`` is that folder (or its parent holding ``ham10000/``). Labels follow
+    :data:`HAM10000_CLASSES`; images are resized to ``image_size x image_size``; the split is
+    stratified by label, ``train_test_split(test_size=test_fraction, random_state=seed)``, per
+    image (several images of one lesion may land on both sides, as in the papers' splits).
+    """
+    from sklearn.model_selection import train_test_split
+
+    _check_image_size(image_size)
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
+    base = _find_base(root, "HAM10000_metadata.csv", "ham10000")
+    layout = "HAM10000_metadata.csv (lesion_id,image_id,dx,...) and images/ISIC_*.jpg or HAM10000_images_part_{1,2}/"
+    if base is None:
+        raise FileNotFoundError(
+            f"HAM10000 not found under {Path(root).expanduser()}: no HAM10000_metadata.csv there or in its "
+            f"ham10000/ sub-folder. Expected layout: {layout}"
+        )
+    metadata = base / "HAM10000_metadata.csv"
+    with open(metadata, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"image_id", "dx"} - set(reader.fieldnames or [])
+        if missing:
+            raise ValueError(f"{metadata} lacks the column(s) {sorted(missing)}; found {reader.fieldnames}")
+        rows = [(r["image_id"].strip(), r["dx"].strip()) for r in reader]
+    class_to_idx = {c: i for i, c in enumerate(HAM10000_CLASSES)}
+    unknown = sorted({dx for _, dx in rows} - set(class_to_idx))
+    if unknown:
+        raise ValueError(f"{metadata}: unknown dx value(s) {unknown}; allowed {list(HAM10000_CLASSES)}")
+
+    located: dict[str, str] = {}
+    for sub in _HAM_IMAGE_DIRS:
+        if (base / sub).is_dir():
+            for entry in os.scandir(base / sub):
+                stem, ext = os.path.splitext(entry.name)
+                if ext.lower() in (".jpg", ".jpeg", ".png"):
+                    located.setdefault(stem, entry.path)
+    absent = [image_id for image_id, _ in rows if image_id not in located]
+    if absent:
+        raise FileNotFoundError(
+            f"HAM10000: {len(absent)} image(s) listed in {metadata} not found in "
+            f"{', '.join(str(base / s) for s in _HAM_IMAGE_DIRS)} (first: {absent[0]}.jpg)"
+        )
+    images = decode_images([located[image_id] for image_id, _ in rows], image_size)
+    labels = np.array([class_to_idx[dx] for _, dx in rows], dtype=np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(labels)), test_size=test_fraction, random_state=seed, stratify=labels
+    )
+    train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
+    classes = list(HAM10000_CLASSES)
+    return Split(
+        ImageData(images[torch.from_numpy(train_idx)], _labels(labels[train_idx]), classes),
+        ImageData(images[torch.from_numpy(test_idx)], _labels(labels[test_idx]), list(classes)),
+    )
+
+
+# --------------------------------------------------------------------------- registry
+
+#: Name -> loader. Every loader takes the data root as its first argument.
+DATASETS: dict[str, Callable[..., Split]] = {
+    "digits": load_digits,
+    "mnist": load_mnist,
+    "cifar10": load_cifar10,
+    "cifar100": load_cifar100,
+    "svhn": load_svhn,
+    "tiny_imagenet": load_tiny_imagenet,
+    "ham10000": load_ham10000,
+    "image_folder": load_image_folder,
+}
+
+
+def load_dataset(name: str, root: str | os.PathLike | None = None, **kwargs) -> Split:
+    """Load data set ``name`` from ``root`` (default :func:`default_data_root`).
+
+    ``kwargs`` go to the loader (e.g. ``download`` for the torchvision sets, ``image_size``).
+    An ``image_size`` for a loader without one resizes the loaded split, ``image_size=None``
+    keeps the loader's size, and every loader accepts ``download=False``.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(sorted(DATASETS))}")
+    loader = DATASETS[name]
+    params = inspect.signature(loader).parameters
+    if kwargs.get("download") is False and "download" not in params:
+        kwargs.pop("download")
+    if "image_size" in kwargs and kwargs["image_size"] is None:
+        kwargs.pop("image_size")  # None: the loader's own size
+    resize_to = None
+    if "image_size" in kwargs and "image_size" not in params:
+        resize_to = kwargs.pop("image_size")
+        _check_image_size(resize_to)
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        allowed = [p for p in params if p != "root"]
+        raise TypeError(f"dataset {name!r} does not take {unknown}; its options: {allowed}")
+    split = loader(default_data_root() if root is None else root, **kwargs)
+    return split if resize_to is None else resize_split(split, resize_to)

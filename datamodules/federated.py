@@ -1,0 +1,414 @@
+"""The federated data module: a data set split over clients, with personal test sets.
+
+Protocol (DisPFL App. B.1, DA-DPFL Sec. VI-A): the official training split is partitioned over
+``num_clients`` clients (Dirichlet, pathological or IID); each client's test set holds
+``test_samples_per_client`` samples of the official test split drawn with the client's
+training label proportions. Clients read mini-batches straight from tensors decoded once;
+augmentation and normalisation run on whole batches, seeded by a caller's generator. The
+normalisation is per data set: the per-channel mean and std of its training split (for
+CIFAR-10 and MNIST these are the usual published constants).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from .datasets import DATASETS, Split, load_dataset
+from .partition import PARTITIONERS, allocate_counts, build_partitioner, personal_test_indices
+from .transforms import BatchAugment, Normalize
+
+__all__ = ["FederatedDataModule", "TensorBatches"]
+
+#: Data sets trained without augmentation by default (the rest get crop padding 4 + flip).
+NO_AUGMENT_BY_DEFAULT = frozenset({"digits", "mnist"})
+#: Torchvision data sets that ``download=True`` can fetch.
+DOWNLOADABLE = frozenset({"mnist", "cifar10", "cifar100", "svhn"})
+_TEST_STREAM = 1  # seed-sequence key of the personal-test-set draws
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+class TensorBatches:
+    """Re-iterable mini-batches ``(x float [B, C, H, W], y int64 [B])`` over in-memory images.
+
+    ``len()`` is the number of batches (the last partial batch is kept). With ``shuffle`` each
+    pass draws a fresh permutation from ``generator`` (then the augmentation draws, batch by
+    batch), so consecutive passes are consecutive epochs.
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        batch_size: int,
+        normalize: Normalize,
+        augment: BatchAugment | None = None,
+        generator: torch.Generator | None = None,
+        shuffle: bool = False,
+    ) -> None:
+        if (shuffle or (augment is not None and augment.enabled)) and not isinstance(generator, torch.Generator):
+            raise TypeError(f"shuffling or augmenting needs a torch.Generator, got {type(generator).__name__}")
+        self.images, self.labels = images, labels
+        self.batch_size = batch_size
+        self.normalize = normalize
+        self.augment = augment if augment is not None and augment.enabled else None
+        self.generator = generator
+        self.shuffle = shuffle
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        n = self.num_samples
+        order = None
+        if self.shuffle:
+            gen = self.generator
+            order = torch.randperm(n, generator=gen, device=gen.device).to(self.images.device)
+        for start in range(0, n, self.batch_size):
+            if order is None:
+                x = self.images[start : start + self.batch_size]
+                y = self.labels[start : start + self.batch_size]
+            else:
+                idx = order[start : start + self.batch_size]
+                x, y = self.images[idx], self.labels[idx]
+            if self.augment is not None:
+                x = self.augment(x, self.generator)
+            yield self.normalize(x), y
+
+
+class _SplitDataset(Dataset):
+    """Map-style view of one split; ``__getitems__`` returns a whole stacked batch at once."""
+
+    def __init__(self, images: Tensor, labels: Tensor) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        return self.images[idx], self.labels[idx]
+
+
+class _BatchCollate:
+    """DataLoader ``collate_fn``: augment (with its own seeded generator) and normalise a batch."""
+
+    def __init__(self, normalize: Normalize, augment: BatchAugment | None = None, seed: int = 0) -> None:
+        self.normalize = normalize
+        self.augment = augment if augment is not None and augment.enabled else None
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, batch) -> tuple[Tensor, Tensor]:
+        if isinstance(batch, list):  # a sampler that bypasses __getitems__
+            batch = (torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch]))
+        x, y = batch
+        if self.augment is not None:
+            x = self.augment(x, self.generator)
+        return self.normalize(x), y
+
+
+class FederatedDataModule(L.LightningDataModule):
+    """A data set partitioned over clients, each with a personal test set (DisPFL App. B.1).
+
+    Args:
+        dataset: one of :data:`~lightning_dfl.datamodules.datasets.DATASETS`.
+        root: data root (default ``$LIGHTNING_DFL_DATA`` or ``~/.cache/lightning-dfl``).
+        num_clients: number of clients K.
+        partition: one of :data:`~lightning_dfl.datamodules.partition.PARTITIONERS`.
+        alpha: Dirichlet concentration (``partition="dirichlet"``).
+        classes_per_client: classes per client (``partition="pathological"``).
+        min_size: least training samples per client (``partition="dirichlet"``).
+        test_samples_per_client: size of each client's personal test set (DisPFL: 100).
+        batch_size: training batch size (DisPFL: 128).
+        eval_batch_size: evaluation batch size.
+        augment: random crop (padding 4) + horizontal flip; ``None``: on except for digits/mnist.
+        image_size: resize images to ``image_size x image_size`` (``None``: the data set's size).
+        seed: seeds the partition and the personal test sets.
+        download: let torchvision download mnist/cifar10/cifar100/svhn (needs network access).
+    """
+
+    def __init__(
+        self,
+        dataset: str = "digits",
+        root: str | None = None,
+        num_clients: int = 10,
+        partition: str = "dirichlet",
+        alpha: float = 0.3,
+        classes_per_client: int = 2,
+        min_size: int = 10,
+        test_samples_per_client: int = 100,
+        batch_size: int = 128,
+        eval_batch_size: int = 512,
+        augment: bool | None = None,
+        image_size: int | None = None,
+        seed: int = 0,
+        download: bool = False,
+    ) -> None:
+        super().__init__()
+        if dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {dataset!r}; allowed: {', '.join(sorted(DATASETS))}")
+        if partition not in PARTITIONERS:
+            raise ValueError(f"unknown partition {partition!r}; allowed: {', '.join(sorted(PARTITIONERS))}")
+        if root is not None and not isinstance(root, (str, Path)):
+            raise ValueError(f"root must be a path or None, got {root!r}")
+        _check_int("num_clients", num_clients, 1)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 < alpha < math.inf):
+            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+        _check_int("classes_per_client", classes_per_client, 1)
+        _check_int("min_size", min_size, 0)
+        _check_int("test_samples_per_client", test_samples_per_client, 0)
+        _check_int("batch_size", batch_size, 1)
+        _check_int("eval_batch_size", eval_batch_size, 1)
+        if augment is not None and not isinstance(augment, bool):
+            raise ValueError(f"augment must be True, False or None, got {augment!r}")
+        if image_size is not None:
+            _check_int("image_size", image_size, 1)
+        _check_int("seed", seed, 0)
+        if not isinstance(download, bool):
+            raise ValueError(f"download must be a bool, got {download!r}")
+        if download and dataset not in DOWNLOADABLE:
+            raise ValueError(
+                f"download=True is only supported for {', '.join(sorted(DOWNLOADABLE))}, not {dataset!r}"
+            )
+        self.save_hyperparameters()
+        self.dataset, self.root, self.num_clients = dataset, root, num_clients
+        self.partition, self.alpha, self.classes_per_client = partition, float(alpha), classes_per_client
+        self.min_size, self.test_samples_per_client = min_size, test_samples_per_client
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.augment = dataset not in NO_AUGMENT_BY_DEFAULT if augment is None else augment
+        self.image_size_override, self.seed, self.download = image_size, seed, download
+        self.batch_augment = BatchAugment(random_crop_padding=4 if self.augment else 0, horizontal_flip=self.augment)
+        self._split: Split | None = None
+        self._downloaded = False
+
+    # ------------------------------------------------------------------ setup
+
+    def prepare_data(self) -> None:
+        """With ``download=True``, fetch the torchvision data set once (Lightning calls this on one process)."""
+        if self.download and not self._downloaded:
+            load_dataset(self.dataset, self.root, download=True)
+            self._downloaded = True
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the data once, partition it, draw the personal test sets (idempotent)."""
+        if self._split is not None:
+            return
+        cls = PARTITIONERS[self.partition]
+        options = {"alpha": self.alpha, "classes_per_client": self.classes_per_client, "min_size": self.min_size}
+        accepted = inspect.signature(cls).parameters
+        partitioner = build_partitioner(self.partition, **{k: v for k, v in options.items() if k in accepted})
+
+        kwargs: dict[str, Any] = {"download": self.download and not self._downloaded}
+        if self.image_size_override is not None:
+            kwargs["image_size"] = self.image_size_override
+        split = load_dataset(self.dataset, self.root, **kwargs)
+        if self.partition == "pathological" and self.classes_per_client > split.num_classes:
+            raise ValueError(
+                f"classes_per_client={self.classes_per_client} exceeds the {split.num_classes} classes of "
+                f"dataset {self.dataset!r}"
+            )
+        train_labels = split.train.labels.numpy()
+        test_labels = split.test.labels.numpy()
+        parts = partitioner(train_labels, self.num_clients, self.seed)
+        counts = [np.bincount(train_labels[p], minlength=split.num_classes) for p in parts]
+        tests = [
+            personal_test_indices(
+                c, test_labels, self.test_samples_per_client, np.random.default_rng([self.seed, _TEST_STREAM, k])
+            )
+            for k, c in enumerate(counts)
+        ]
+        self._warn_if_skewed(counts, tests, test_labels, split)
+        self._train_parts = [torch.from_numpy(p) for p in parts]
+        self._test_parts = [torch.from_numpy(t) for t in tests]
+        self._label_counts = counts
+        self.normalizer = Normalize.from_images(split.train.images)
+        self._split = split
+
+    def _warn_if_skewed(self, counts, tests, test_labels, split: Split) -> None:
+        """Warn when the test split holds too few samples of a class to follow a client's proportions."""
+        short = []
+        for k, (c, t) in enumerate(zip(counts, tests)):
+            if c.sum() == 0:
+                continue
+            wanted = allocate_counts(c, self.test_samples_per_client)
+            got = np.bincount(test_labels[t], minlength=split.num_classes)
+            if (wanted != got).any():
+                worst = int(np.argmax(wanted - got))
+                short.append(f"client {k} wanted {wanted[worst]} of class {split.classes[worst]!r}, got {got[worst]}")
+        if short:
+            warnings.warn(
+                f"{len(short)} of {self.num_clients} personal test sets deviate from their training label "
+                f"proportions because the test split of {self.dataset!r} holds too few samples of some classes "
+                f"(the shortfall went to the client's other classes); e.g. {short[0]}. Lower "
+                f"test_samples_per_client={self.test_samples_per_client} to avoid this.",
+                stacklevel=3,
+            )
+
+    def _ready(self) -> Split:
+        if self._split is None:
+            self.setup()
+        assert self._split is not None
+        return self._split
+
+    def _client(self, k: int) -> int:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < self.num_clients:
+            raise IndexError(f"client index must be in [0, {self.num_clients}), got {k!r}")
+        return int(k)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def split(self) -> Split:
+        """The loaded :class:`~lightning_dfl.datamodules.datasets.Split` (loads on first use)."""
+        return self._ready()
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self._ready().classes)
+
+    @property
+    def num_classes(self) -> int:
+        return self._ready().num_classes
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return self._ready().input_shape
+
+    @property
+    def in_channels(self) -> int:
+        return self.input_shape[0]
+
+    @property
+    def image_size(self) -> int:
+        """Image height H."""
+        return self.input_shape[1]
+
+    # ------------------------------------------------------------------ per client
+
+    def client_train_indices(self, k: int) -> np.ndarray:
+        """Sorted indices of client ``k``'s samples in the training split."""
+        self._ready()
+        return self._train_parts[self._client(k)].numpy().copy()
+
+    def client_test_indices(self, k: int) -> np.ndarray:
+        """Sorted indices of client ``k``'s personal test samples in the test split."""
+        self._ready()
+        return self._test_parts[self._client(k)].numpy().copy()
+
+    def client_train_size(self, k: int) -> int:
+        self._ready()
+        return int(self._train_parts[self._client(k)].numel())
+
+    def client_test_size(self, k: int) -> int:
+        self._ready()
+        return int(self._test_parts[self._client(k)].numel())
+
+    def client_label_counts(self, k: int) -> np.ndarray:
+        """Training samples of client ``k`` per class, shape ``[num_classes]``."""
+        self._ready()
+        return self._label_counts[self._client(k)].copy()
+
+    def client_test_label_counts(self, k: int) -> np.ndarray:
+        """Personal test samples of client ``k`` per class, shape ``[num_classes]``."""
+        split = self._ready()
+        return np.bincount(split.test.labels.numpy()[self.client_test_indices(k)], minlength=split.num_classes)
+
+    def client_train_batches(
+        self, k: int, generator: torch.Generator, device: torch.device | str | None = None
+    ) -> TensorBatches:
+        """Client ``k``'s training batches: shuffled by ``generator``, augmented, normalised.
+
+        The client's images are copied to ``device`` once (default: CPU) and batches are cut
+        there; random draws come from ``generator`` wherever it lives.
+        """
+        split = self._ready()
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        idx = self._train_parts[self._client(k)]
+        return TensorBatches(
+            split.train.images[idx].to(device),
+            split.train.labels[idx].to(device),
+            self.batch_size,
+            self.normalizer,
+            augment=self.batch_augment,
+            generator=generator,
+            shuffle=True,
+        )
+
+    def client_test_batches(self, k: int, device: torch.device | str | None = None) -> TensorBatches:
+        """Client ``k``'s personal test set in a fixed order, normalised, not augmented."""
+        split = self._ready()
+        idx = self._test_parts[self._client(k)]
+        return TensorBatches(
+            split.test.images[idx].to(device), split.test.labels[idx].to(device), self.eval_batch_size, self.normalizer
+        )
+
+    # ------------------------------------------------------------------ Lightning hooks
+
+    def train_dataloader(self) -> DataLoader:
+        """All training samples, shuffled and augmented (for a plain, centralised Trainer)."""
+        split = self._ready()
+        return DataLoader(
+            _SplitDataset(split.train.images, split.train.labels),
+            batch_size=self.batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(self.seed),
+            collate_fn=_BatchCollate(self.normalizer, self.batch_augment, seed=self.seed + 1),
+        )
+
+    def _eval_dataloader(self) -> DataLoader:
+        split = self._ready()
+        return DataLoader(
+            _SplitDataset(split.test.images, split.test.labels),
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            collate_fn=_BatchCollate(self.normalizer),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """The official test split (the papers keep no separate validation split)."""
+        return self._eval_dataloader()
+
+    def test_dataloader(self) -> DataLoader:
+        """The official test split."""
+        return self._eval_dataloader()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _identity(self) -> dict[str, Any]:
+        keys = ("dataset", "num_clients", "partition", "alpha", "classes_per_client", "min_size",
+                "test_samples_per_client", "image_size", "seed")
+        return {key: self.hparams[key] for key in keys}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The hyper-parameters that fix the partition and the test sets (both are re-derived)."""
+        return self._identity()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Check that a checkpoint's partition matches this module's; raise if it does not."""
+        mine = self._identity()
+        differ = {k: (v, mine.get(k)) for k, v in state_dict.items() if k in mine and mine[k] != v}
+        if differ:
+            detail = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in differ.items())
+            raise ValueError(f"checkpoint was made with a different data partition ({detail})")

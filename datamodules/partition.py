@@ -1,0 +1,250 @@
+"""How a training split is divided among clients, and each client's personal test set.
+
+One small class per scheme (Flower-Datasets style): a :class:`Partitioner` maps the training
+labels, the number of clients and a seed to one sorted index array per client, disjoint.
+DisPFL App. B.1 uses the Dirichlet partition of Hsu et al. (2019) and the pathological
+partition; new schemes (e.g. PSFL's ExDir, cluster partitions) are new subclasses registered
+with :func:`register_partitioner`. :func:`personal_test_indices` draws a client's test set from
+the official test split with the client's training label proportions (DisPFL App. B.1).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = [
+    "PARTITIONERS",
+    "DirichletPartitioner",
+    "IIDPartitioner",
+    "PathologicalPartitioner",
+    "Partitioner",
+    "allocate_counts",
+    "build_partitioner",
+    "personal_test_indices",
+    "register_partitioner",
+]
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+class Partitioner(ABC):
+    """``partitioner(labels, num_clients, seed)`` -> one sorted ``int64`` index array per client.
+
+    The arrays index the training split and are pairwise disjoint; the same arguments always
+    give the same result (all randomness comes from ``numpy.random.default_rng(seed)``).
+    """
+
+    #: Registry name, set by :func:`register_partitioner`.
+    name: str = ""
+
+    def __call__(self, labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
+        labels = np.asarray(labels)
+        if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"labels must be a 1-D integer array, got dtype {labels.dtype} and shape {labels.shape}")
+        _check_int("num_clients", num_clients, 1)
+        _check_int("seed", seed, 0)
+        parts = self._partition(labels, int(num_clients), np.random.default_rng(int(seed)))
+        return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+    @abstractmethod
+    def _partition(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        """Index arrays (any order) for ``num_clients`` clients."""
+
+
+#: Name -> partitioner class.
+PARTITIONERS: dict[str, type[Partitioner]] = {}
+
+
+def register_partitioner(name: str) -> Callable[[type[Partitioner]], type[Partitioner]]:
+    """Class decorator adding a :class:`Partitioner` subclass to :data:`PARTITIONERS`."""
+
+    def wrap(cls: type[Partitioner]) -> type[Partitioner]:
+        if name in PARTITIONERS:
+            raise ValueError(f"partitioner {name!r} is already registered")
+        cls.name = name
+        PARTITIONERS[name] = cls
+        return cls
+
+    return wrap
+
+
+def build_partitioner(name: str, **kwargs) -> Partitioner:
+    """Instantiate the partitioner registered as ``name`` with its own keyword arguments."""
+    if name not in PARTITIONERS:
+        raise ValueError(f"unknown partition {name!r}; allowed: {', '.join(sorted(PARTITIONERS))}")
+    return PARTITIONERS[name](**kwargs)
+
+
+@register_partitioner("iid")
+class IIDPartitioner(Partitioner):
+    """A random permutation cut into ``num_clients`` shards whose sizes differ by at most one."""
+
+    def _partition(self, labels, num_clients, rng):
+        if len(labels) < num_clients:
+            raise ValueError(f"cannot give each of {num_clients} clients a sample: only {len(labels)} samples")
+        return np.array_split(rng.permutation(len(labels)), num_clients)
+
+
+@register_partitioner("dirichlet")
+class DirichletPartitioner(Partitioner):
+    """Hsu et al. (2019) label skew, with DisPFL's equal-quota rule.
+
+    For each class in turn: draw client proportions ``q ~ Dir(alpha * 1_K)``, zero ``q_k`` for
+    every client already holding at least ``N / K`` samples, renormalise and cut the class's
+    shuffled samples at ``cumsum(q) * n_c``. Everything is redrawn until every client holds at
+    least ``min_size`` samples (at most ``max_attempts`` times). Smaller ``alpha``: more skew.
+    """
+
+    def __init__(self, alpha: float, min_size: int = 10, max_attempts: int = 1000) -> None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0 or not math.isfinite(alpha):
+            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+        _check_int("min_size", min_size, 0)
+        _check_int("max_attempts", max_attempts, 1)
+        self.alpha = float(alpha)
+        self.min_size = int(min_size)
+        self.max_attempts = int(max_attempts)
+
+    def __repr__(self) -> str:
+        return f"DirichletPartitioner(alpha={self.alpha}, min_size={self.min_size})"
+
+    def _partition(self, labels, num_clients, rng):
+        n = len(labels)
+        if n < num_clients * self.min_size:
+            raise ValueError(
+                f"cannot give each of {num_clients} clients min_size={self.min_size} samples: only {n} samples "
+                f"(need {num_clients * self.min_size}); lower min_size or num_clients"
+            )
+        by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+        quota = n / num_clients
+        for _ in range(self.max_attempts):
+            parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+            sizes = np.zeros(num_clients, dtype=np.int64)
+            for members in by_class:
+                members = rng.permutation(members)
+                q = rng.dirichlet(np.full(num_clients, self.alpha))
+                open_ = sizes < quota  # never empty: fewer than N samples are handed out so far
+                q = q * open_
+                if q.sum() > 0:
+                    q = q / q.sum()
+                else:  # tiny alpha: all mass fell on full clients; Dir's alpha -> 0 limit, one open client
+                    q = np.zeros(num_clients)
+                    q[rng.choice(np.flatnonzero(open_))] = 1.0
+                cuts = (np.cumsum(q) * len(members)).astype(np.int64)[:-1]
+                for k, piece in enumerate(np.split(members, cuts)):
+                    parts[k].append(piece)
+                    sizes[k] += len(piece)
+            if sizes.min() >= self.min_size:
+                return [np.concatenate(p) for p in parts]
+        raise ValueError(
+            f"Dirichlet partition (alpha={self.alpha}) found no draw giving every one of {num_clients} clients "
+            f"min_size={self.min_size} samples in {self.max_attempts} attempts; raise alpha or lower min_size"
+        )
+
+
+@register_partitioner("pathological")
+class PathologicalPartitioner(Partitioner):
+    """Each client holds exactly ``classes_per_client`` distinct classes (DisPFL App. B.1).
+
+    Clients pick, in turn, the classes used by the fewest clients so far (ties broken at
+    random), so every class is used by ``floor`` or ``ceil(K * n / C)`` clients. Each class's
+    shuffled samples are cut into equal shards (sizes differ by at most one) among its
+    holders; classes held by nobody (``K * n < C``) stay unused.
+    """
+
+    def __init__(self, classes_per_client: int) -> None:
+        _check_int("classes_per_client", classes_per_client, 1)
+        self.classes_per_client = int(classes_per_client)
+
+    def __repr__(self) -> str:
+        return f"PathologicalPartitioner(classes_per_client={self.classes_per_client})"
+
+    def _partition(self, labels, num_clients, rng):
+        classes = np.unique(labels)
+        n = self.classes_per_client
+        if n > len(classes):
+            raise ValueError(f"classes_per_client={n} exceeds the number of classes in the labels ({len(classes)})")
+        usage = np.zeros(len(classes), dtype=np.int64)
+        holders: list[list[int]] = [[] for _ in classes]
+        for k in range(num_clients):
+            chosen = np.lexsort((rng.random(len(classes)), usage))[:n]  # fewest users first, random ties
+            usage[chosen] += 1
+            for c in chosen:
+                holders[c].append(k)
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c, clients in enumerate(holders):
+            if not clients:
+                continue
+            members = rng.permutation(np.flatnonzero(labels == classes[c]))
+            if len(members) < len(clients):
+                raise ValueError(
+                    f"class {classes[c]} has {len(members)} samples, fewer than the {len(clients)} clients holding it; "
+                    "lower num_clients or classes_per_client"
+                )
+            for k, shard in zip(clients, np.array_split(members, len(clients))):
+                parts[k].append(shard)
+        return [np.concatenate(p) for p in parts]
+
+
+# --------------------------------------------------------------------------- personal test sets
+
+
+def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
+    """Integers proportional to ``weights`` summing to ``total`` (Hamilton's method)."""
+    quotas = weights / weights.sum() * total
+    counts = np.floor(quotas).astype(np.int64)
+    order = np.argsort(-(quotas - counts), kind="stable")  # largest remainders first, ties by index
+    counts[order[: total - counts.sum()]] += 1
+    return counts
+
+
+def allocate_counts(weights, total: int, capacity=None) -> np.ndarray:
+    """Split ``total`` over classes in proportion to ``weights`` (largest-remainder rounding).
+
+    A class never gets more than its ``capacity``; what it cannot take goes to the other
+    classes of positive weight in proportion to their weights. The result sums to ``total``
+    unless the capacities of the positive-weight classes sum to less, in which case each of
+    them gets its full capacity. Zero-weight classes always get 0.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.ndim != 1 or (weights < 0).any() or not np.isfinite(weights).all():
+        raise ValueError(f"weights must be a 1-D array of finite values >= 0, got {weights}")
+    _check_int("total", total, 0)
+    cap = np.full(len(weights), np.iinfo(np.int64).max) if capacity is None else np.asarray(capacity, np.int64)
+    if cap.shape != weights.shape or (cap < 0).any():
+        raise ValueError(f"capacity must hold one integer >= 0 per weight, got {capacity}")
+    counts = np.zeros(len(weights), dtype=np.int64)
+    remaining = int(total)
+    while remaining > 0:
+        open_ = (weights > 0) & (counts < cap)
+        if not open_.any():
+            break
+        share = _largest_remainder(np.where(open_, weights, 0.0), remaining)
+        taken = np.minimum(counts + share, cap) - counts
+        counts += taken
+        remaining -= int(taken.sum())
+    return counts
+
+
+def personal_test_indices(
+    train_label_counts, test_labels: np.ndarray, num_samples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """A client's test set: ``num_samples`` indices into the test split (DisPFL App. B.1).
+
+    Per class, ``allocate_counts(train_label_counts, num_samples, capacity=test class sizes)``
+    samples drawn without replacement from that class's test samples; sorted.
+    """
+    test_labels = np.asarray(test_labels)
+    counts = np.asarray(train_label_counts)
+    pools = [np.flatnonzero(test_labels == c) for c in range(len(counts))]
+    if counts.sum() == 0:
+        return np.zeros(0, dtype=np.int64)
+    take = allocate_counts(counts, num_samples, capacity=[len(p) for p in pools])
+    chosen = [rng.choice(pool, size=t, replace=False) for pool, t in zip(pools, take) if t > 0]
+    return np.sort(np.concatenate(chosen).astype(np.int64)) if chosen else np.zeros(0, dtype=np.int64)

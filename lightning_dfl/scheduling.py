@@ -1,0 +1,413 @@
+"""DA-DPFL's schedules: when to prune (Eq. 4-6) and who waits for whom (Sec. IV-B).
+
+Pure computation (numpy and the standard library): the federation's planner and the voting
+and pruning callbacks call these functions; the CLI prints :func:`format_schedule_table`.
+
+Pruning time (papers' errata applied):
+
+* detection score, Eq. 4: ``|Delta_t - Delta_(t-1)| / |Delta_1|`` with ``Delta_t = ||w^t - w^0||^2``;
+* vote, Eq. 5: 1 ("stable") when the score is below ``delta_pr``;
+* first pruning time: ``t* = min{t : mean vote >= delta_v}``;
+* pruning rounds, Eq. 6: ``t_1 = max(t* + b, t* + 1)``, ``t_p = t_(p-1) + I_p`` with
+  ``I_p = ceil((t* + b) / c^(p-1))`` (never below 1), while ``t_p < T``.
+
+Dynamic aggregation (Alg. 1 lines 6-14): one random reuse permutation per round orders all
+clients; client k's *prior* neighbours are those with a smaller reuse index; k waits for the
+``N`` prior neighbours that finish earliest (all of them when it has fewer than ``N``) and
+starts when the last of those finishes. Prior neighbours come earlier in reuse order, so
+processing clients in reuse order is a valid topological order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------
+# When to prune: Eq. 4-6
+# ---------------------------------------------------------------------------------------------
+
+_CEIL_EPS = 1e-9  # ceil() slack for ratios that are integers in exact arithmetic
+
+
+def _check_int(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def pruning_rounds(t_star: int, total_rounds: int, b: float = 0.0, c: float = 1.3) -> list[int]:
+    """The pruning rounds ``T`` of Eq. 6, as the papers' errata fixes them.
+
+    ``t_1 = max(ceil(t* + b), t* + 1)`` (``t*`` is known only when round ``t*`` ends), then
+    ``t_p = t_(p-1) + I_p`` with ``I_p = max(ceil((t* + b) / c^(p-1)), 1)``, for as long as
+    ``t_p < total_rounds``. With ``c > 1`` the gaps shrink, so late rounds may prune every round.
+
+    Example: ``pruning_rounds(10, 50)`` is ``[11, 19, 25, 30, 34, 37, 40, 42, 44, 45, 46, 47, 48, 49]``.
+    """
+    _check_int("t_star", t_star, 0)
+    _check_int("total_rounds", total_rounds, 1)
+    if not (math.isfinite(b) and b >= 0):
+        raise ValueError(f"b (delay of the first pruning round) must be >= 0, got {b!r}")
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"c (pruning frequency scale) must be > 0, got {c!r}")
+    base = t_star + b
+    rounds: list[int] = []
+    t = max(math.ceil(base - _CEIL_EPS), t_star + 1)
+    p = 1
+    while t < total_rounds:
+        rounds.append(t)
+        p += 1
+        gap = base / c ** (p - 1)
+        t += max(math.ceil(gap - _CEIL_EPS), 1)
+    return rounds
+
+
+@dataclass(frozen=True)
+class PruningSchedule:
+    """The pruning rounds of Eq. 6 for a known ``t*``; ``round in schedule`` tests membership."""
+
+    t_star: int
+    total_rounds: int
+    b: float = 0.0
+    c: float = 1.3
+    rounds: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rounds", tuple(pruning_rounds(self.t_star, self.total_rounds,
+                                                                self.b, self.c)))
+
+    def __contains__(self, round_index: object) -> bool:
+        return round_index in self.rounds
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.rounds)
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+
+def detection_score(delta_t: float, delta_prev: float, delta_first: float) -> float:
+    """Eq. 4: ``|Delta_t - Delta_(t-1)| / |Delta_1|``, each ``Delta = ||w - w^0||^2``.
+
+    When ``Delta_1`` is 0 the score is 0 if nothing changed either, else ``inf`` (not stable).
+    A NaN input gives NaN, which :func:`vote` counts as "not stable".
+    """
+    for name, value in (("delta_t", delta_t), ("delta_prev", delta_prev), ("delta_first", delta_first)):
+        if value < 0:
+            raise ValueError(f"{name} is a squared distance and must be >= 0, got {value!r}")
+    numerator = abs(delta_t - delta_prev)
+    denominator = abs(delta_first)
+    if denominator == 0:
+        if numerator == 0:
+            return 0.0
+        return math.nan if math.isnan(numerator) else math.inf
+    return numerator / denominator
+
+
+def vote(score: float, delta_pr: float) -> int:
+    """Eq. 5: 1 ("stable") when ``score < delta_pr``, else 0 (also for a NaN score)."""
+    if not (math.isfinite(delta_pr) and delta_pr > 0):
+        raise ValueError(f"delta_pr (pruning threshold) must be > 0, got {delta_pr!r}")
+    return 1 if score < delta_pr else 0
+
+
+def first_pruning_round(vote_shares: Sequence[float], delta_v: float, first_round: int = 1) -> int | None:
+    """``t* = min{t : share_t >= delta_v}`` (errata: ">=", a vote of 1 means stable).
+
+    ``vote_shares[i]`` is the mean vote of round ``first_round + i``; returns that round, or
+    None when no round reaches ``delta_v``.
+    """
+    if not (math.isfinite(delta_v) and 0 <= delta_v <= 1):
+        raise ValueError(f"delta_v (voting threshold) must lie in [0, 1], got {delta_v!r}")
+    for i, share in enumerate(vote_shares):
+        if not 0 <= share <= 1:
+            raise ValueError(f"vote share of round {first_round + i} must lie in [0, 1], got {share!r}")
+        if share >= delta_v:
+            return first_round + i
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Who waits for whom: Sec. IV-B, Alg. 1 lines 6-14
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoundSchedule:
+    """One round's simulated clock: per client its start and finish time and the clients it
+    waited for (in reuse order)."""
+
+    start: list[float]
+    finish: list[float]
+    waits: list[list[int]]
+
+    @property
+    def delay(self) -> float:
+        """The latest start time (in units of one task when durations are 1)."""
+        return max(self.start, default=0.0)
+
+
+def _check_round(neighbors: Sequence[Sequence[int]], reuse_index: Sequence[int], max_wait: int,
+                 durations: Sequence[float] | None) -> None:
+    k = len(neighbors)
+    _check_int("max_wait", max_wait, 0)
+    if sorted(int(i) for i in reuse_index) != list(range(k)):
+        raise ValueError(f"reuse_index must be a permutation of 0..{k - 1} (one position per client "
+                         f"of neighbors), got {list(reuse_index)!r}")
+    for client, nbs in enumerate(neighbors):
+        ids = [int(j) for j in nbs]
+        bad = [j for j in ids if not 0 <= j < k or j == client]
+        if bad:
+            raise ValueError(f"client {client}'s neighbours must be other clients in 0..{k - 1}, got {bad}")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"client {client}'s neighbours must be distinct, got {ids}")
+    if durations is not None:
+        if len(durations) != k:
+            raise ValueError(f"durations needs one value per client ({k}), got {len(durations)}")
+        bad = [d for d in durations if not (math.isfinite(d) and d >= 0)]
+        if bad:
+            raise ValueError(f"durations must be finite and >= 0, got {bad}")
+
+
+def simulate_round(neighbors: Sequence[Sequence[int]], reuse_index: Sequence[int], max_wait: int,
+                   durations: Sequence[float] | None = None) -> RoundSchedule:
+    """Simulate one DA-DPFL round on a clock (Sec. IV-B).
+
+    Args:
+        neighbors: ``neighbors[k]`` are client k's in-neighbours (client ids ``0..K-1``).
+        reuse_index: ``reuse_index[k]`` is client k's position in the round's one reuse
+            permutation.
+        max_wait: N, the most prior neighbours a client waits for (0: fully parallel).
+        durations: each client's task time (default 1 each).
+
+    Clients are processed in reuse order. Client k waits for the N prior neighbours that finish
+    earliest (ties: smaller reuse index first), starts at the latest of their finish times (0
+    if it waits for none) and finishes ``durations[k]`` later.
+    """
+    _check_round(neighbors, reuse_index, max_wait, durations)
+    k_total = len(neighbors)
+    dur = [1.0] * k_total if durations is None else [float(d) for d in durations]
+    pos = [int(i) for i in reuse_index]
+    start = [0.0] * k_total
+    finish = [0.0] * k_total
+    waits: list[list[int]] = [[] for _ in range(k_total)]
+    for client in sorted(range(k_total), key=pos.__getitem__):
+        prior = [int(j) for j in neighbors[client] if pos[int(j)] < pos[client]]
+        prior.sort(key=lambda j: (finish[j], pos[j]))
+        waited = sorted(prior[:max_wait], key=pos.__getitem__)
+        start[client] = max((finish[j] for j in waited), default=0.0)
+        finish[client] = start[client] + dur[client]
+        waits[client] = waited
+    return RoundSchedule(start=start, finish=finish, waits=waits)
+
+
+def reuse_dependencies(neighbors: Sequence[Sequence[int]], reuse_index: Sequence[int], max_wait: int,
+                       durations: Sequence[float] | None = None) -> list[list[int]]:
+    """The clients each client waits for (in reuse order); see :func:`simulate_round`."""
+    return simulate_round(neighbors, reuse_index, max_wait, durations).waits
+
+
+def simulate_rounds(neighbors: np.ndarray, order: np.ndarray, max_wait: int) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised :func:`simulate_round` over many rounds with unit task durations.
+
+    Args:
+        neighbors: int array ``(R, K, M)``: ``neighbors[r, k]`` are client k's in-neighbours.
+        order: int array ``(R, K)``: ``order[r, i]`` is the client at reuse position ``i``.
+        max_wait: N.
+
+    Returns:
+        ``start`` (``(R, K)``, int: start time of the client at each reuse *position*) and
+        ``prior`` (``(R, K)``, int: its number of prior neighbours).
+    """
+    _check_int("max_wait", max_wait, 0)
+    if neighbors.ndim != 3 or order.ndim != 2 or neighbors.shape[:2] != order.shape:
+        raise ValueError(f"neighbors must have shape (R, K, M) and order (R, K), got "
+                         f"{neighbors.shape} and {order.shape}")
+    rounds, k_total, m = neighbors.shape
+    rows = np.arange(rounds)
+    pos = np.empty_like(order)
+    pos[rows[:, None], order] = np.arange(k_total)[None, :]
+    finish = np.zeros((rounds, k_total), dtype=np.int64)  # indexed by client
+    start = np.zeros((rounds, k_total), dtype=np.int64)  # indexed by reuse position
+    prior = np.zeros((rounds, k_total), dtype=np.int64)
+    anyone_waits = m > 0 and max_wait > 0
+    never = np.iinfo(np.int64).max
+    for i in range(k_total):
+        client = order[:, i]
+        nbs = neighbors[rows, client]  # (R, M)
+        is_prior = pos[rows[:, None], nbs] < i
+        n_prior = is_prior.sum(axis=1)
+        prior[:, i] = n_prior
+        if not anyone_waits:
+            continue  # N = 0 or M = 0: everybody starts at 0
+        times = np.where(is_prior, finish[rows[:, None], nbs], never)
+        times.sort(axis=1)
+        k_wait = np.minimum(n_prior, max_wait)
+        begin = np.where(k_wait > 0, times[rows, np.maximum(k_wait - 1, 0)], 0)
+        start[:, i] = begin
+        finish[rows, client] = begin + 1
+    return start, prior
+
+
+def random_rounds(num_clients: int, num_neighbors: int, rounds: int,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``rounds`` random rounds: each client gets ``num_neighbors`` distinct other clients
+    uniformly at random, and each round one uniform reuse permutation.
+
+    Returns ``neighbors`` ``(R, K, M)`` and ``order`` ``(R, K)`` for :func:`simulate_rounds`.
+    """
+    _check_int("num_clients", num_clients, 1)
+    _check_int("num_neighbors", num_neighbors, 0)
+    _check_int("rounds", rounds, 0)
+    if num_neighbors >= num_clients:
+        raise ValueError(f"num_neighbors (M) must be < num_clients (K={num_clients}), got {num_neighbors}")
+    k, m = num_clients, num_neighbors
+    if m > 0:
+        # The M smallest of K-1 i.i.d. uniforms index a uniform M-subset of the others.
+        keys = rng.random((rounds, k, k - 1))
+        offsets = np.argpartition(keys, m - 1, axis=2)[:, :, :m]
+        neighbors = (np.arange(k)[None, :, None] + 1 + offsets) % k
+    else:
+        neighbors = np.zeros((rounds, k, 0), dtype=np.int64)
+    order = np.argsort(rng.random((rounds, k)), axis=1)
+    return neighbors, order
+
+
+@dataclass(frozen=True)
+class SchedulingStats:
+    """Parallelism and delay of DA-DPFL's dynamic aggregation (Sec. VI-E, Figs. 8-9).
+
+    Attributes:
+        parallelism: mean over rounds of the share of clients that start at time 0 (exactly
+            ``1/(M+1)`` in expectation for every N >= 1).
+        max_parallelism: mean over rounds of the largest share of clients starting at one
+            same time.
+        delay: mean over rounds of the latest start time, in units of one task.
+        delays: per round, the latest start time.
+        prior_counts: ``(rounds, K)``; column ``i`` is the number of prior neighbours of the
+            client at reuse position ``i`` (0-based; Proposition 1's k is ``i + 1``).
+    """
+
+    num_clients: int
+    num_neighbors: int
+    max_wait: int
+    rounds: int
+    seed: int
+    parallelism: float
+    max_parallelism: float
+    delay: float
+    delays: np.ndarray = field(repr=False)
+    prior_counts: np.ndarray = field(repr=False)
+
+    @property
+    def expected_parallelism(self) -> float:
+        """``1/(M+1)`` for N >= 1, 1 for N = 0."""
+        return 1.0 if self.max_wait == 0 else 1.0 / (self.num_neighbors + 1)
+
+
+# Elements of the (batch, K, K-1) array of random keys drawn at once.
+_BATCH_ELEMENTS = 4_000_000
+
+
+def simulate_dynamic_aggregation(num_clients: int, num_neighbors: int, max_wait: int,
+                                 rounds: int = 10_000, seed: int = 0) -> SchedulingStats:
+    """Monte-Carlo estimate of parallelism and delay (Sec. VI-E, Figs. 8-9).
+
+    Each round every client gets ``num_neighbors`` (M) distinct random other clients and one
+    fresh reuse permutation orders them all; each waits for at most ``max_wait`` (N) prior
+    neighbours; every task takes one unit of time. The draws depend on ``(K, M, rounds,
+    seed)`` only, so runs that differ in N share their random rounds.
+    """
+    _check_int("num_clients", num_clients, 1)
+    _check_int("num_neighbors", num_neighbors, 0)
+    _check_int("rounds", rounds, 1)
+    _check_int("max_wait", max_wait, 0)
+    if num_neighbors >= num_clients:
+        raise ValueError(f"num_neighbors (M) must be < num_clients (K={num_clients}), got {num_neighbors}")
+    if max_wait > num_neighbors:
+        raise ValueError(f"max_wait (N) must lie in [0, num_neighbors={num_neighbors}], got {max_wait}")
+    rng = np.random.default_rng(seed)
+    k = num_clients
+    batch = max(1, _BATCH_ELEMENTS // max(k * (k - 1), 1))
+    delays = np.empty(rounds, dtype=np.int64)
+    at_zero = np.empty(rounds, dtype=np.float64)
+    largest = np.empty(rounds, dtype=np.float64)
+    prior_counts = np.empty((rounds, k), dtype=np.int16 if k < 2**15 else np.int64)
+    for lo in range(0, rounds, batch):
+        hi = min(lo + batch, rounds)
+        neighbors, order = random_rounds(k, num_neighbors, hi - lo, rng)
+        start, prior = simulate_rounds(neighbors, order, max_wait)
+        delays[lo:hi] = start.max(axis=1)
+        at_zero[lo:hi] = (start == 0).mean(axis=1)
+        # Start times are integers in [0, K-1]: count them per round with one bincount.
+        flat = (np.arange(hi - lo)[:, None] * k + start).ravel()
+        counts = np.bincount(flat, minlength=(hi - lo) * k).reshape(hi - lo, k)
+        largest[lo:hi] = counts.max(axis=1) / k
+        prior_counts[lo:hi] = prior
+    return SchedulingStats(
+        num_clients=k, num_neighbors=num_neighbors, max_wait=max_wait, rounds=rounds, seed=seed,
+        parallelism=float(at_zero.mean()), max_parallelism=float(largest.mean()),
+        delay=float(delays.mean()), delays=delays, prior_counts=prior_counts,
+    )
+
+
+def schedule_table(num_clients: int = 100, neighbor_sizes: Sequence[int] = (2, 5, 10, 20, 50),
+                   max_waits: Sequence[int | None] = (1, 2, 5, 10, 20, None), rounds: int = 10_000,
+                   seed: int = 0) -> list[SchedulingStats]:
+    """Figs. 8-9 as numbers: one :class:`SchedulingStats` per (M, N).
+
+    ``None`` in ``max_waits`` means N = M (waiting for all prior neighbours, the papers' black
+    line). A given N above M is waited as N = M ("at most N"), and each (M, effective N) is
+    simulated once.
+    """
+    if not neighbor_sizes or not max_waits:
+        raise ValueError("neighbor_sizes and max_waits must not be empty")
+    rows: list[SchedulingStats] = []
+    for m in neighbor_sizes:
+        seen: set[int] = set()
+        for n in max_waits:
+            effective = m if n is None else min(n, m)
+            if effective in seen:
+                continue
+            seen.add(effective)
+            rows.append(simulate_dynamic_aggregation(num_clients, m, effective, rounds, seed))
+    return rows
+
+
+def format_schedule_table(rows: Sequence[SchedulingStats]) -> str:
+    """Render :func:`schedule_table`'s rows as a plain-text table (M, N, parallelism, delay)."""
+    header = ("M", "N", "parallelism", "1/(M+1)", "max parallelism", "delay (tasks)")
+    lines = [header]
+    for s in rows:
+        n = f"{s.max_wait}" + (" (=M)" if s.max_wait == s.num_neighbors and s.max_wait > 0 else "")
+        lines.append((str(s.num_neighbors), n, f"{s.parallelism:.4f}", f"{s.expected_parallelism:.4f}",
+                      f"{s.max_parallelism:.4f}", f"{s.delay:.2f}"))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    out = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    if rows:
+        s = rows[0]
+        out.insert(0, f"K = {s.num_clients} clients, {s.rounds} rounds, seed {s.seed}; "
+                      f"delay = latest start time per round in task units")
+    return "\n".join(out)
+
+
+__all__ = [
+    "PruningSchedule",
+    "RoundSchedule",
+    "SchedulingStats",
+    "detection_score",
+    "first_pruning_round",
+    "format_schedule_table",
+    "pruning_rounds",
+    "random_rounds",
+    "reuse_dependencies",
+    "schedule_table",
+    "simulate_dynamic_aggregation",
+    "simulate_round",
+    "simulate_rounds",
+    "vote",
+]

@@ -1,0 +1,189 @@
+"""RigL local mask search (DisPFL Alg. 2, DA-DPFL Alg. 3).
+
+One update of a layer's mask with ``n`` active weights:
+
+1. drop fraction from the cosine schedule (Alg. 3 line 3)::
+
+       alpha_t = alpha_0 / 2 * (1 + cos(pi t / T))
+
+2. ``k = ceil(alpha_t * n)`` (the rounding of the DisPFL authors' ``fire_mask``; float noise
+   below ``1e-12 n`` is ignored, so ``0.3 * 10`` drops 3, not 4);
+3. drop the ``k`` active weights of smallest ``|w|`` (line 6);
+4. regrow exactly ``k`` among the positions inactive after the drop, by largest
+   ``|dense gradient|`` (line 7) or uniformly at random (DisPFL's published runs). A weight
+   dropped in step 3 may regrow, so a fully dense layer stays dense.
+
+Each layer keeps its number of active weights exactly. Ties are broken by flat index (the
+lower index is dropped first and grown first). Weights are never modified here: zeroing
+dropped weights (and, for the copy neighbours receive, not zeroing them) is the caller's job.
+Pure PyTorch; no Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_dfl.sparse.masks import ModelMask, Masks
+from lightning_dfl.sparse.select import largest_k, smallest_k
+
+#: Regrowth criteria: ``"gradient"`` (RigL, by |dense gradient|) or ``"random"`` (SET-like).
+REGROWTH_MODES = ("gradient", "random")
+
+# Relative slack for ceil() of products that are integers in exact arithmetic.
+_CEIL_EPS = 1e-12
+
+
+def cosine_drop_fraction(alpha0: float, step: int, total: int) -> float:
+    """``alpha_t = alpha_0 / 2 * (1 + cos(pi t / T))`` (DA-DPFL Alg. 3 line 3; DisPFL Alg. 2).
+
+    ``step`` (``t``, from 0) past ``total`` (``T``) is clamped to ``T``, where the fraction is 0.
+    """
+    if isinstance(alpha0, bool) or not isinstance(alpha0, (int, float)) or not 0.0 <= alpha0 <= 1.0:
+        raise ValueError(f"alpha0 (initial drop fraction) must be a number in [0, 1], got {alpha0!r}")
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"total (T, the number of rounds or steps) must be an int >= 1, got {total!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step (t) must be an int >= 0, got {step!r}")
+    t = min(step, total)
+    return float(alpha0) / 2.0 * (1.0 + math.cos(math.pi * t / total))
+
+
+def num_dropped(drop_fraction: float, num_active: int) -> int:
+    """``ceil(drop_fraction * num_active)``, ignoring float noise (see the module docstring)."""
+    product = drop_fraction * num_active
+    return max(0, min(num_active, math.ceil(product - _CEIL_EPS * max(1.0, product))))
+
+
+def _check_drop_fraction(drop_fraction: float) -> None:
+    if isinstance(drop_fraction, bool) or not isinstance(drop_fraction, (int, float)):
+        raise ValueError(f"drop_fraction must be a number in [0, 1], got {drop_fraction!r}")
+    if not 0.0 <= drop_fraction <= 1.0:  # also rejects NaN
+        raise ValueError(f"drop_fraction must lie in [0, 1], got {drop_fraction!r}")
+
+
+def _layer_update(weight: Tensor, mask: Tensor, k: int, score: Tensor | None,
+                  generator: torch.Generator | None) -> Tensor:
+    """Drop ``k`` smallest-|w| active entries, regrow ``k`` inactive ones (by score, else random)."""
+    flat = mask.reshape(-1).clone()
+    if k == 0:
+        return flat.view_as(mask)
+    active = flat.nonzero().squeeze(1)  # ascending flat index
+    magnitude = torch.nan_to_num(weight.detach().reshape(-1).to(flat.device)[active].abs(), nan=0.0)
+    dropped = active[smallest_k(magnitude, k)]
+    flat[dropped] = False
+
+    candidates = (~flat).nonzero().squeeze(1)  # includes the just-dropped entries
+    if score is not None:
+        ranked = torch.nan_to_num(score.detach().reshape(-1).to(flat.device)[candidates].abs(), nan=0.0)
+        grown = candidates[largest_k(ranked, k)]
+    else:
+        device = generator.device if generator is not None else torch.device("cpu")
+        pick = torch.randperm(candidates.numel(), generator=generator, device=device)[:k]
+        grown = candidates[pick.to(flat.device)]
+    flat[grown] = True
+    return flat.view_as(mask)
+
+
+def rigl_masks(
+    weights: Mapping[str, Tensor],
+    masks: Mapping[str, Tensor],
+    drop_fraction: float,
+    scores: Mapping[str, Tensor] | None = None,
+    mode: str = "gradient",
+    generator: torch.Generator | None = None,
+) -> Masks:
+    """New masks after one RigL drop-and-regrow step (DisPFL Alg. 2, DA-DPFL Alg. 3 lines 5-8).
+
+    Args:
+        weights: current weights by name (at least every name in ``masks``); read only.
+        masks: current masks by name (boolean, or 0/1 of any dtype).
+        drop_fraction: ``alpha_t`` in ``[0, 1]``; ``ceil(alpha_t * n)`` of a layer's ``n``
+            active weights are dropped and as many regrown.
+        scores: regrowth scores by name for ``mode="gradient"`` (the dense gradient; its
+            absolute value is ranked). Ignored for ``mode="random"``.
+        mode: ``"gradient"`` or ``"random"``.
+        generator: random source for ``mode="random"`` (the global RNG when ``None``).
+
+    Returns:
+        boolean masks, by the names and on the devices of ``masks``; per layer the number of
+        active entries is unchanged.
+    """
+    if mode not in REGROWTH_MODES:
+        raise ValueError(f"mode must be one of {REGROWTH_MODES}, got {mode!r}")
+    _check_drop_fraction(drop_fraction)
+    missing = sorted(set(masks) - set(weights))
+    if missing:
+        raise ValueError(f"weights are missing for masked parameters {missing}")
+    if mode == "gradient":
+        if scores is None:
+            raise ValueError('mode="gradient" needs scores (the dense gradient by parameter name)')
+        missing = sorted(set(masks) - set(scores))
+        if missing:
+            raise ValueError(f"scores are missing for masked parameters {missing}")
+    for name, mask in masks.items():
+        if weights[name].shape != mask.shape:
+            raise ValueError(f"weight {name!r} has shape {tuple(weights[name].shape)}, "
+                             f"its mask {tuple(mask.shape)}")
+        if mode == "gradient" and scores[name].shape != mask.shape:
+            raise ValueError(f"score {name!r} has shape {tuple(scores[name].shape)}, "
+                             f"its mask {tuple(mask.shape)}")
+
+    new: Masks = {}
+    for name, mask in masks.items():
+        mask = mask.detach() != 0
+        k = num_dropped(float(drop_fraction), int(mask.sum()))
+        score = scores[name] if mode == "gradient" else None
+        new[name] = _layer_update(weights[name], mask, k, score, generator)
+    return new
+
+
+def dense_gradients(
+    module: nn.Module,
+    mask: ModelMask,
+    loss_fn: Callable[[Any], Tensor],
+    batches: Iterable[Any],
+    eval_mode: bool = True,
+) -> dict[str, Tensor]:
+    """``|dense gradient|`` of the loss per masked parameter: RigL's regrowth score (Alg. 3 line 4).
+
+    ``loss_fn(batch)`` returns a scalar loss computed with ``module``; the gradients of all
+    ``batches`` are averaged. The mask's gradient hooks are bypassed
+    (:meth:`ModelMask.dense_gradients`) so that inactive weights get their gradient too. Like the
+    DisPFL authors' ``screen_gradients``, the pass runs in eval mode by default (no dropout, no
+    batch-norm statistics update). The module's previous ``.grad`` tensors and the training
+    flags of all its submodules are restored; weights are not changed.
+    """
+    modes = {sub: sub.training for sub in module.modules()}
+    params = [p for p in module.parameters()]
+    saved_grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    total: dict[str, Tensor] = {}
+    count = 0
+    try:
+        if eval_mode:
+            module.eval()
+        with torch.enable_grad(), mask.dense_gradients():
+            for batch in batches:
+                loss = loss_fn(batch)
+                if not isinstance(loss, Tensor) or loss.numel() != 1:
+                    raise ValueError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
+                                     + (f" of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else ""))
+                loss.backward()
+                count += 1
+        if count == 0:
+            raise ValueError("dense_gradients needs at least one batch, got none")
+        for name, param in mask.params.items():
+            grad = param.grad
+            total[name] = (torch.zeros_like(param) if grad is None else grad.detach() / count).abs()
+    finally:
+        for p, grad in zip(params, saved_grads):
+            p.grad = grad
+        for sub, training in modes.items():
+            sub.training = training
+    return total

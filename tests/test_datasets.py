@@ -1,0 +1,393 @@
+"""Loaders read tiny fixtures written in each data set's official on-disk format."""
+
+from __future__ import annotations
+
+import csv
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torchvision.io import encode_jpeg, encode_png, write_file
+
+from lightning_dfl.datamodules import datasets as ds
+from lightning_dfl.datamodules.datasets import (
+    DATASETS,
+    HAM10000_CLASSES,
+    ImageData,
+    Split,
+    load_cifar10,
+    load_cifar100,
+    load_dataset,
+    load_digits,
+    load_ham10000,
+    load_image_folder,
+    load_mnist,
+    load_svhn,
+    load_tiny_imagenet,
+)
+
+# Distinct solid colours survive JPEG almost exactly: a decoded image's mean colour names its class.
+COLOURS = [(230, 20, 20), (20, 230, 20), (20, 20, 230), (230, 230, 20), (20, 230, 230), (230, 20, 230), (120, 120, 120)]
+
+
+def _solid(colour, height=10, width=12) -> torch.Tensor:
+    return torch.tensor(colour, dtype=torch.uint8)[:, None, None].expand(3, height, width).contiguous()
+
+
+def _write_jpeg(path, image: torch.Tensor) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_file(str(path), encode_jpeg(image, quality=95))
+
+
+def _colour_labels(images: torch.Tensor) -> list[int]:
+    """Index of the nearest fixture colour for each decoded image."""
+    means = images.float().mean(dim=(2, 3))
+    palette = torch.tensor(COLOURS, dtype=torch.float32)
+    return torch.cdist(means, palette).argmin(dim=1).tolist()
+
+
+@pytest.fixture
+def accept_fixture_checksums(monkeypatch):
+    """Fixture files cannot match the official MD5s: let torchvision's check test existence only."""
+    import torchvision.datasets.cifar as tv_cifar
+    import torchvision.datasets.svhn as tv_svhn
+
+    def exists(fpath, md5=None):
+        return os.path.isfile(fpath)
+
+    monkeypatch.setattr(tv_cifar, "check_integrity", exists)
+    monkeypatch.setattr(tv_svhn, "check_integrity", exists)
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def test_image_data_validates_and_reports_length():
+    data = ImageData(torch.zeros(3, 1, 2, 2, dtype=torch.uint8), torch.tensor([0, 1, 1]), ["a", "b"])
+    assert len(data) == 3 and data.num_classes == 2 and data.input_shape == (1, 2, 2)
+    with pytest.raises(ValueError, match="uint8"):
+        ImageData(torch.zeros(3, 1, 2, 2), torch.tensor([0, 1, 1]), ["a", "b"])
+    with pytest.raises(ValueError, match=r"\[0, 2\)"):
+        ImageData(torch.zeros(3, 1, 2, 2, dtype=torch.uint8), torch.tensor([0, 1, 2]), ["a", "b"])
+    with pytest.raises(ValueError, match="class list"):
+        Split(data, ImageData(data.images, data.labels, ["a", "c"]))
+
+
+# ----------------------------------------------------------------------------- digits
+
+
+def test_digits_split_is_stratified_scaled_and_deterministic():
+    split = load_digits()
+    assert (len(split.train), len(split.test)) == (1347, 450)
+    assert split.input_shape == (1, 8, 8) and split.num_classes == 10
+    assert split.train.images.dtype == torch.uint8 and int(split.train.images.max()) == 255
+    # 0..16 -> 0..255: only the 17 values round(v * 255 / 16) occur
+    allowed = {round(v * 255 / 16) for v in range(17)}
+    assert set(torch.unique(split.train.images).tolist()) <= allowed
+    test_counts = torch.bincount(split.test.labels, minlength=10)
+    class_totals = test_counts + torch.bincount(split.train.labels, minlength=10)
+    assert ((test_counts - 0.25 * class_totals).abs() <= 1).all()  # stratified: a quarter of every class
+    again = load_digits()
+    assert torch.equal(again.train.images, split.train.images) and torch.equal(again.test.labels, split.test.labels)
+
+
+# ----------------------------------------------------------------------------- MNIST
+
+
+def _write_idx(path, array: np.ndarray) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    header = (0x0800 + array.ndim).to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_mnist_reads_torchvision_idx_layout(tmp_path):
+    rng = np.random.default_rng(0)
+    raw = tmp_path / "MNIST" / "raw"
+    train_x, test_x = rng.integers(0, 256, (6, 28, 28)), rng.integers(0, 256, (4, 28, 28))
+    train_y, test_y = np.array([0, 1, 2, 3, 4, 9]), np.array([5, 6, 7, 8])
+    _write_idx(raw / "train-images-idx3-ubyte", train_x)
+    _write_idx(raw / "train-labels-idx1-ubyte", train_y)
+    _write_idx(raw / "t10k-images-idx3-ubyte", test_x)
+    _write_idx(raw / "t10k-labels-idx1-ubyte", test_y)
+
+    split = load_mnist(tmp_path)
+    assert split.train.images.shape == (6, 1, 28, 28) and split.test.images.shape == (4, 1, 28, 28)
+    assert torch.equal(split.train.images[:, 0], torch.from_numpy(train_x.astype(np.uint8)))
+    assert split.train.labels.tolist() == train_y.tolist() and split.test.labels.tolist() == test_y.tolist()
+    assert split.classes[0] == "0 - zero" and split.num_classes == 10
+
+
+def test_mnist_missing_names_path_layout_and_download(tmp_path):
+    with pytest.raises(FileNotFoundError) as err:
+        load_mnist(tmp_path / "nowhere")
+    message = str(err.value)
+    assert str(tmp_path / "nowhere") in message and "MNIST/raw" in message and "download=True" in message
+
+
+# ----------------------------------------------------------------------------- CIFAR
+
+
+def _pickle(path, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump(obj, f)
+
+
+def _write_cifar10(root, per_batch=2, test=3, seed=0):
+    rng = np.random.default_rng(seed)
+    base = root / "cifar-10-batches-py"
+    rows, labels = [], []
+    for i in range(1, 6):
+        data = rng.integers(0, 256, (per_batch, 3072)).astype(np.uint8)
+        lab = rng.integers(0, 10, per_batch).tolist()
+        _pickle(base / f"data_batch_{i}", {"data": data, "labels": lab})
+        rows.append(data)
+        labels += lab
+    test_rows = rng.integers(0, 256, (test, 3072)).astype(np.uint8)
+    test_labels = rng.integers(0, 10, test).tolist()
+    _pickle(base / "test_batch", {"data": test_rows, "labels": test_labels})
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    _pickle(base / "batches.meta", {"label_names": names})
+    return np.concatenate(rows), labels, test_rows, test_labels, names
+
+
+def test_cifar10_reads_official_pickles_channel_first(tmp_path, accept_fixture_checksums):
+    rows, labels, test_rows, test_labels, names = _write_cifar10(tmp_path)
+    split = load_cifar10(tmp_path)
+    assert split.train.images.shape == (10, 3, 32, 32) and split.test.images.shape == (3, 3, 32, 32)
+    # an official row is R plane, G plane, B plane, each row-major 32x32
+    assert torch.equal(split.train.images, torch.from_numpy(rows.reshape(-1, 3, 32, 32)))
+    assert torch.equal(split.test.images, torch.from_numpy(test_rows.reshape(-1, 3, 32, 32)))
+    assert split.train.labels.tolist() == labels and split.test.labels.tolist() == test_labels
+    assert split.classes == names and split.train.images.is_contiguous()
+
+
+def test_cifar10_with_wrong_checksums_is_a_clear_error(tmp_path):
+    _write_cifar10(tmp_path)  # not the official bytes: torchvision's MD5 check must reject them
+    with pytest.raises(ValueError, match="corrupt or not the official files") as err:
+        load_cifar10(tmp_path)
+    assert str(tmp_path) in str(err.value) and "download=True" in str(err.value)
+
+
+def test_cifar10_missing_names_expected_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="cifar-10-batches-py") as err:
+        load_cifar10(tmp_path)
+    assert "data_batch_1" in str(err.value) and "dataset='image_folder'" in str(err.value)
+
+
+def test_cifar100_reads_fine_labels(tmp_path, accept_fixture_checksums):
+    rng = np.random.default_rng(1)
+    base = tmp_path / "cifar-100-python"
+    train = rng.integers(0, 256, (4, 3072)).astype(np.uint8)
+    test = rng.integers(0, 256, (2, 3072)).astype(np.uint8)
+    _pickle(base / "train", {"data": train, "fine_labels": [0, 99, 42, 7], "coarse_labels": [0, 1, 2, 3]})
+    _pickle(base / "test", {"data": test, "fine_labels": [5, 6], "coarse_labels": [4, 5]})
+    names = [f"class{i:02d}" for i in range(100)]
+    _pickle(base / "meta", {"fine_label_names": names, "coarse_label_names": [f"super{i}" for i in range(20)]})
+
+    split = load_cifar100(tmp_path)
+    assert split.num_classes == 100 and split.classes[99] == "class99"
+    assert split.train.labels.tolist() == [0, 99, 42, 7] and split.test.labels.tolist() == [5, 6]
+    assert torch.equal(split.test.images, torch.from_numpy(test.reshape(-1, 3, 32, 32)))
+
+
+# ----------------------------------------------------------------------------- SVHN
+
+
+def test_svhn_reads_mat_files_and_maps_label_10_to_0(tmp_path, accept_fixture_checksums):
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(2)
+    x_train = rng.integers(0, 256, (32, 32, 3, 5)).astype(np.uint8)  # official layout: H, W, C, N
+    x_test = rng.integers(0, 256, (32, 32, 3, 2)).astype(np.uint8)
+    savemat(tmp_path / "train_32x32.mat", {"X": x_train, "y": np.array([[10], [1], [2], [10], [9]], dtype=np.uint8)})
+    savemat(tmp_path / "test_32x32.mat", {"X": x_test, "y": np.array([[3], [10]], dtype=np.uint8)})
+
+    split = load_svhn(tmp_path)
+    assert split.train.labels.tolist() == [0, 1, 2, 0, 9] and split.test.labels.tolist() == [3, 0]
+    assert torch.equal(split.train.images, torch.from_numpy(x_train.transpose(3, 2, 0, 1).copy()))
+    assert split.input_shape == (3, 32, 32)
+
+
+def test_svhn_missing_mentions_files_and_download(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train_32x32.mat") as err:
+        load_svhn(tmp_path)
+    assert "download=True" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- Tiny-ImageNet
+
+
+def _write_tiny_imagenet(root):
+    base = root / "tiny-imagenet-200"
+    wnids = ["n02000000", "n01000000", "n03000000"]  # sorted order: n01 (colour 1), n02 (colour 0), n03 (colour 2)
+    base.mkdir(parents=True)
+    (base / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    colour_of = {"n02000000": 0, "n01000000": 1, "n03000000": 2}
+    for wnid in wnids:
+        for i in range(2):
+            _write_jpeg(base / "train" / wnid / "images" / f"{wnid}_{i}.JPEG", _solid(COLOURS[colour_of[wnid]], 64, 64))
+        (base / "train" / wnid / f"{wnid}_boxes.txt").write_text("")
+    lines = []
+    for i, wnid in enumerate(["n03000000", "n02000000", "n01000000"]):
+        _write_jpeg(base / "val" / "images" / f"val_{i}.JPEG", _solid(COLOURS[colour_of[wnid]], 64, 64))
+        lines.append(f"val_{i}.JPEG\t{wnid}\t0\t0\t63\t63")
+    # a grayscale validation image must come out RGB
+    gray = torch.full((1, 64, 64), 120, dtype=torch.uint8)
+    _write_jpeg(base / "val" / "images" / "val_3.JPEG", gray)
+    lines.append("val_3.JPEG\tn01000000\t0\t0\t63\t63")
+    (base / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+    return base
+
+
+def test_tiny_imagenet_official_layout(tmp_path):
+    _write_tiny_imagenet(tmp_path)
+    split = load_tiny_imagenet(tmp_path)  # the parent of tiny-imagenet-200 works as root
+    assert split.classes == ["n01000000", "n02000000", "n03000000"]
+    assert split.train.images.shape == (6, 3, 64, 64) and split.test.images.shape == (4, 3, 64, 64)
+    # label l is wnid sorted[l]; colours: n01 -> 1, n02 -> 0, n03 -> 2
+    colour_for_label = [1, 0, 2]
+    assert _colour_labels(split.train.images) == [colour_for_label[l] for l in split.train.labels.tolist()]
+    assert split.test.labels.tolist() == [2, 1, 0, 0]
+    assert _colour_labels(split.test.images[:3]) == [2, 0, 1]
+    assert (split.test.images[3].float() - 120).abs().max() <= 2  # grayscale replicated to 3 channels
+
+    small = load_tiny_imagenet(tmp_path / "tiny-imagenet-200", image_size=32)
+    assert small.input_shape == (3, 32, 32) and torch.equal(small.train.labels, split.train.labels)
+
+
+def test_tiny_imagenet_bad_annotation_is_named(tmp_path):
+    base = _write_tiny_imagenet(tmp_path)
+    (base / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn09999999\t0\t0\t1\t1\n")
+    with pytest.raises(ValueError, match="val_annotations.txt:1"):
+        load_tiny_imagenet(base)
+
+
+def test_tiny_imagenet_missing_describes_layout(tmp_path):
+    with pytest.raises(FileNotFoundError, match="wnids.txt") as err:
+        load_tiny_imagenet(tmp_path)
+    assert str(tmp_path) in str(err.value) and "val_annotations.txt" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- HAM10000
+
+
+def _write_ham(root, per_class=5, official_parts=False, size=(30, 40)):
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    n = 0
+    for c, dx in enumerate(HAM10000_CLASSES):
+        for _ in range(per_class):
+            image_id = f"ISIC_{n:07d}"
+            folder = ("HAM10000_images_part_1" if n % 2 else "HAM10000_images_part_2") if official_parts else "images"
+            _write_jpeg(root / folder / f"{image_id}.jpg", _solid(COLOURS[c], *size))
+            rows.append([f"HAM_{n:07d}", image_id, dx, "histo", "50.0", "male", "back"])
+            n += 1
+    order = np.random.default_rng(3).permutation(len(rows))  # the official csv is not sorted by class
+    with open(root / "HAM10000_metadata.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["lesion_id", "image_id", "dx", "dx_type", "age", "sex", "localization"])
+        writer.writerows(rows[i] for i in order)
+
+
+@pytest.mark.parametrize("official_parts", [False, True])
+def test_ham10000_layouts_classes_and_stratified_split(tmp_path, official_parts):
+    _write_ham(tmp_path / "ham10000", official_parts=official_parts)
+    split = load_ham10000(tmp_path, image_size=16, test_fraction=0.2)  # parent of ham10000/ works as root
+    assert split.classes == ["akiec", "bcc", "bkl", "df", "mel", "nv", "vasc"]
+    assert (len(split.train), len(split.test)) == (28, 7)
+    assert torch.bincount(split.test.labels, minlength=7).tolist() == [1] * 7  # stratified: 1 of 5 per class
+    assert split.input_shape == (3, 16, 16)
+    assert _colour_labels(split.train.images) == split.train.labels.tolist()  # images stay with their labels
+    assert _colour_labels(split.test.images) == split.test.labels.tolist()
+    again = load_ham10000(tmp_path / "ham10000", image_size=16, test_fraction=0.2)
+    assert torch.equal(again.test.images, split.test.images)
+    other = load_ham10000(tmp_path / "ham10000", image_size=16, test_fraction=0.2, seed=1)
+    assert not torch.equal(other.test.images, split.test.images)
+
+
+def test_ham10000_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="HAM10000_metadata.csv"):
+        load_ham10000(tmp_path)
+    _write_ham(tmp_path, per_class=2)
+    os.remove(tmp_path / "images" / "ISIC_0000003.jpg")
+    with pytest.raises(FileNotFoundError, match="ISIC_0000003"):
+        load_ham10000(tmp_path)
+    with pytest.raises(ValueError, match="test_fraction"):
+        load_ham10000(tmp_path, test_fraction=1.0)
+
+
+# ----------------------------------------------------------------------------- image folder
+
+
+def _write_image_folder(root, classes=("cat", "ant", "bee"), per_class=(3, 1), size=(8, 8)):
+    for half, count in zip(("train", "test"), per_class):
+        for c, name in enumerate(sorted(classes)):
+            for i in range(count):
+                _write_jpeg(root / half / name / f"{i:04d}.jpg", _solid(COLOURS[c], *size))
+
+
+def test_image_folder_sorted_classes_and_labels(tmp_path):
+    _write_image_folder(tmp_path)
+    (tmp_path / "train" / "ant" / "notes.txt").write_text("not an image")  # ignored, as ImageFolder does
+    png = encode_png(_solid(COLOURS[2], 8, 8))
+    write_file(str(tmp_path / "train" / "cat" / "extra.png"), png)
+    split = load_image_folder(tmp_path)
+    assert split.classes == ["ant", "bee", "cat"]
+    assert split.train.labels.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
+    assert _colour_labels(split.train.images) == split.train.labels.tolist()
+    assert split.test.labels.tolist() == [0, 1, 2] and split.input_shape == (3, 8, 8)
+    assert load_image_folder(tmp_path, image_size=4).input_shape == (3, 4, 4)
+
+
+def test_image_folder_errors(tmp_path):
+    with pytest.raises(FileNotFoundError) as err:
+        load_image_folder(tmp_path / "absent")
+    assert str(tmp_path / "absent" / "train") in str(err.value) and "<class>" in str(err.value)
+
+    _write_image_folder(tmp_path / "mismatch")
+    (tmp_path / "mismatch" / "test" / "dog").mkdir()
+    _write_jpeg(tmp_path / "mismatch" / "test" / "dog" / "0.jpg", _solid(COLOURS[0], 8, 8))
+    with pytest.raises(ValueError, match=r"only in test \['dog'\]"):
+        load_image_folder(tmp_path / "mismatch")
+
+    _write_image_folder(tmp_path / "sizes")
+    _write_jpeg(tmp_path / "sizes" / "train" / "ant" / "big.jpg", _solid(COLOURS[0], 16, 16))
+    with pytest.raises(ValueError, match="image_size"):
+        load_image_folder(tmp_path / "sizes")
+    assert load_image_folder(tmp_path / "sizes", image_size=8).train.images.shape[0] == 10
+
+    _write_image_folder(tmp_path / "broken")
+    (tmp_path / "broken" / "train" / "ant" / "0000.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(ValueError, match="cannot decode image .*0000.jpg"):
+        load_image_folder(tmp_path / "broken")
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registry_names_and_unknown_name():
+    assert set(DATASETS) == {
+        "digits", "mnist", "cifar10", "cifar100", "svhn", "tiny_imagenet", "ham10000", "image_folder"
+    }
+    with pytest.raises(ValueError, match="unknown dataset 'imagenet'.*cifar10.*digits"):
+        load_dataset("imagenet")
+
+
+def test_load_dataset_dispatches_options_and_resizes(tmp_path):
+    digits = load_dataset("digits", download=False, image_size=16)  # digits has no size of its own: resized
+    assert digits.input_shape == (1, 16, 16) and len(digits.train) == 1347
+    _write_image_folder(tmp_path)
+    assert load_dataset("image_folder", tmp_path, image_size=4).input_shape == (3, 4, 4)
+    with pytest.raises(TypeError, match="does not take"):
+        load_dataset("image_folder", tmp_path, download=True)
+
+
+def test_load_dataset_missing_data_uses_default_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_DFL_DATA", str(tmp_path / "data"))
+    assert ds.default_data_root() == tmp_path / "data"
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "data")):
+        load_dataset("cifar100")

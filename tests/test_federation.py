@@ -1,0 +1,146 @@
+"""End-to-end behaviour of the federated engine on the embedded digits set."""
+
+import warnings
+
+import pytest
+import torch
+
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.aggregation import masked_average
+from lightning_dfl.federation.algorithms import DPSGD, DisPFL, FedAvg, Local
+from lightning_dfl.federation.plan import RoundPlan
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.module import SparseClassifier
+
+warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+
+
+def _run(algorithm, rounds=2, local_epochs=1, num_clients=6, density=0.5, callbacks=None, seed=0, **trainer_kw):
+    dm = FederatedDataModule(dataset="digits", num_clients=num_clients, batch_size=32, test_samples_per_client=40,
+                             seed=seed)
+    model = SparseClassifier(arch="cnn_digits", density=density, lr=0.05, seed=seed)
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=local_epochs, logger=False,
+                               accelerator="cpu", enable_progress_bar=False, callbacks=callbacks, seed=seed,
+                               **trainer_kw)
+    trainer.fit(model, dm)
+    return trainer
+
+
+def test_dispfl_learns_keeps_density_and_personal_masks():
+    trainer = _run(DisPFL(num_neighbors=2), rounds=4, local_epochs=2)
+    last = trainer.history[-1]
+    assert last["acc/personal_mean"] > 0.5  # chance is 0.1
+    assert last["density/mean"] == pytest.approx(0.5, abs=2e-3) and last["density/std"] < 1e-3
+    store = trainer.store
+    name = store.masked_names[1]
+    assert not torch.equal(store.masks[name][0], store.masks[name][1])  # personal masks
+    for k in range(6):  # published weights are zero outside the mask they were trained with
+        weights, masks = store.published(k)
+        for n in store.masked_names:
+            assert (weights[n][~masks[n]] == 0).all()
+
+
+def test_communication_and_flops_follow_the_papers_conventions():
+    trainer = _run(DisPFL(num_neighbors=2), rounds=1, local_epochs=1)
+    m = trainer.history[0]
+    store = trainer.store
+    active = store.active_values(0)
+    assert all(store.active_values(k) == active for k in range(6))  # ERK counts are exact per layer
+    # exactly M=2 models in and out per client, 4 bytes per active value
+    assert m["comm/busiest_bytes"] == 2 * active * 4
+    assert m["comm/busiest_mask_bytes"] == 2 * -(-store.masked_size() // 8)
+    assert m["comm/total_bytes"] == 6 * 2 * active * 4
+    # 3 x forward FLOPs on active weights, for every sample processed (training + one RigL batch)
+    module = trainer.module
+    per_sample = 3 * module.flops_profile.forward_flops(store.mask(0))
+    samples = sum(trainer.datamodule.client_train_size(k) for k in range(6)) + 6 * 32
+    assert m["flops/train_total"] == pytest.approx(per_sample * samples, rel=0.02)
+
+
+def test_local_sends_nothing_and_dpsgd_reports_consensus():
+    local = _run(Local(), rounds=1)
+    assert local.history[0]["comm/busiest_bytes"] == 0
+    dpsgd = _run(DPSGD(num_neighbors=2), rounds=1, density=1.0)
+    assert "acc/consensus_mean" in dpsgd.history[0]
+    assert dpsgd.history[0]["density/mean"] == 1.0
+    assert dpsgd.history[0]["comm/busiest_mask_bytes"] == 0
+
+
+def test_fedavg_server_is_the_sample_weighted_average_of_sampled_clients():
+    trainer = _run(FedAvg(clients_per_round=3), rounds=1, density=1.0)
+    store, dm = trainer.store, trainer.datamodule
+    server = dm.num_clients
+    plan_rng_round = trainer.algorithm.plan_round  # the sampled clients trained and published
+    trained = [k for k in range(dm.num_clients) if int(store.slot[k]) == 1]
+    assert len(trained) == 3 and int(store.slot[server]) == 1
+    weights, masks = store.gather([(k, False) for k in trained])
+    expected = masked_average(weights, masks, coefficients=[dm.client_train_size(k) for k in trained])
+    got, _ = store.published(server)
+    for n in expected:
+        assert torch.allclose(got[n], expected[n], atol=1e-6)
+    assert trainer.history[0]["acc/headline"] == trainer.history[0]["acc/consensus_mean"]
+
+
+def test_same_seed_same_results_and_task_order_does_not_matter(monkeypatch):
+    a = _run(DisPFL(num_neighbors=2), rounds=2)
+    b = _run(DisPFL(num_neighbors=2), rounds=2)
+    monkeypatch.setattr(RoundPlan, "order", lambda self: list(reversed(self._order)))
+    c = _run(DisPFL(num_neighbors=2), rounds=2)
+    for other in (b, c):
+        for n in a.store.names:
+            assert torch.equal(a.store.weights[n], other.store.weights[n])
+        for n in a.store.masked_names:
+            assert torch.equal(a.store.masks[n], other.store.masks[n])
+    keys = ("acc/personal_mean", "train/loss", "comm/busiest_bytes")
+    assert [[h[k] for k in keys] for h in a.history] == [[h[k] for k in keys] for h in c.history]
+    d = _run(DisPFL(num_neighbors=2), rounds=1, seed=1)
+    assert not torch.equal(a.store.masks[a.store.masked_names[1]], d.store.masks[d.store.masked_names[1]])
+
+
+class Recorder(FederatedCallback):
+    def __init__(self):
+        self.events = []
+
+    def on_federated_round_start(self, trainer, pl_module):
+        self.events.append(("round_start", trainer.current_round))
+
+    def on_client_before_aggregation(self, trainer, pl_module, client_id):
+        self.events.append(("before_aggregation", client_id))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not self.events or self.events[-1][0] != "batch":
+            self.events.append(("batch", trainer.current_client))
+
+    def on_client_train_end(self, trainer, pl_module, client_id):
+        self.events.append(("train_end", client_id))
+
+    def on_client_end(self, trainer, pl_module, client_id):
+        self.events.append(("client_end", client_id))
+
+    def on_federated_round_end(self, trainer, pl_module):
+        self.events.append(("round_end", trainer.current_round))
+
+
+def test_callbacks_receive_federated_hooks_in_order():
+    recorder = Recorder()
+    _run(Local(), rounds=1, num_clients=2, callbacks=[recorder])
+    assert recorder.events == [
+        ("round_start", 0),
+        ("before_aggregation", 0), ("batch", 0), ("train_end", 0), ("client_end", 0),
+        ("before_aggregation", 1), ("batch", 1), ("train_end", 1), ("client_end", 1),
+        ("round_end", 0),
+    ]
+
+
+def test_bad_configurations_fail_before_training():
+    with pytest.raises(ValueError, match="M=6, K=6"):
+        _run(DisPFL(num_neighbors=6), rounds=1)
+    with pytest.raises(ValueError, match="density must be in"):
+        SparseClassifier(density=1.5)
+    with pytest.raises(ValueError, match="unknown arch 'resnet999'"):
+        SparseClassifier(arch="resnet999")
+    with pytest.raises(ValueError, match="clients_per_round"):
+        _run(FedAvg(clients_per_round=10), rounds=1)
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        FederatedTrainer(rounds=0)
