@@ -1,9 +1,10 @@
 """Federated algorithms: each plans its rounds on the shared engine."""
 
 from lightning_dfl.federation.algorithms.base import Algorithm, GossipAlgorithm, RoundContext
+from lightning_dfl.federation.algorithms.dadpfl import DADPFL
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
 from lightning_dfl.federation.algorithms.gossip import DPSGD, DisPFL, Local
 
-ALGORITHMS = {cls.name: cls for cls in (DisPFL, DPSGD, Local, FedAvg)}
+ALGORITHMS = {cls.name: cls for cls in (DisPFL, DADPFL, DPSGD, Local, FedAvg)}
 
-__all__ = ["ALGORITHMS", "Algorithm", "DPSGD", "DisPFL", "FedAvg", "GossipAlgorithm", "Local", "RoundContext"]
+__all__ = ["ALGORITHMS", "Algorithm", "DADPFL", "DPSGD", "DisPFL", "FedAvg", "GossipAlgorithm", "Local", "RoundContext"]

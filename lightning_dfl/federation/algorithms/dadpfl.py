@@ -1,0 +1,84 @@
+"""DA-DPFL (Long et al.): dynamic aggregation with in-round reuse, sparse-to-sparser pruning."""
+
+from __future__ import annotations
+
+from lightning.pytorch import Callback
+
+from lightning_dfl.callbacks.pqi import PQIPruning
+from lightning_dfl.callbacks.rigl import RigL
+from lightning_dfl.callbacks.voting import PruningTimeVoting
+from lightning_dfl.federation.algorithms.base import GossipAlgorithm, RoundContext
+from lightning_dfl.federation.algorithms.gossip import REGROWTH_MODES
+from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.scheduling import reuse_dependencies
+
+
+class DADPFL(GossipAlgorithm):
+    """DA-DPFL (Alg. 1): each round one random reuse permutation orders the clients; client k
+    waits for at most ``max_wait`` (N) of its prior neighbours, the N that finish earliest, and
+    aggregates the models they trained in this round with the start-of-round models of its other
+    neighbours (Eq. 7). After E local epochs it votes on the pruning time (Eq. 4-5), prunes by the
+    PQ index at the pruning rounds of Eq. 6 while its sparsity is below s* (Alg. 2), publishes the
+    post-PQI model and searches its next mask with RigL (Alg. 3).
+
+    N = 0 is parallel DFL (DisPFL with DA-DPFL's pruning); N = M = K - 1 on a full topology is
+    sequential FL.
+
+    Args:
+        num_neighbors: M. topology: see ``lightning_dfl.federation.topology``.
+        max_wait: N, at most this many prior neighbours are waited for.
+        drop_fraction, regrowth, gradient_batches: RigL's settings (Alg. 3).
+        delta_pr, delta_v, b, c: pruning-time detection (Eq. 4-6).
+        target_sparsity, p, q, eta_c, gamma, beta: PQI pruning (Alg. 2; papers README defaults).
+    """
+
+    name = "dadpfl"
+    personal_masks = True
+    sends_masks = True
+
+    def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", max_wait: int = 10,
+                 drop_fraction: float = 0.3, regrowth: str = "gradient", gradient_batches: int = 1,
+                 delta_pr: float = 0.03, delta_v: float = 0.5, b: float = 0.0, c: float = 1.3,
+                 target_sparsity: float = 0.8, p: float = 0.5, q: float = 1.0, eta_c: float = 0.0,
+                 gamma: float = 1.0, beta: float = 0.9) -> None:
+        super().__init__(num_neighbors, topology)
+        if max_wait < 0:
+            raise ValueError(f"max_wait (N) must be >= 0, got {max_wait}")
+        if regrowth not in REGROWTH_MODES:
+            raise ValueError(f"unknown regrowth {regrowth!r}; allowed: {', '.join(REGROWTH_MODES)}")
+        self.max_wait = max_wait
+        self.drop_fraction = drop_fraction
+        self.regrowth = regrowth
+        self.gradient_batches = gradient_batches
+        self.delta_pr, self.delta_v, self.b, self.c = delta_pr, delta_v, b, c
+        self.target_sparsity = target_sparsity
+        self.p, self.q, self.eta_c, self.gamma, self.beta = p, q, eta_c, gamma, beta
+        self.callbacks()  # validate the callbacks' settings now, before any training
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        most = num_clients - 1 if self.topology == "full" else self.num_neighbors
+        if self.max_wait > most:
+            raise ValueError(f"max_wait (N) must be <= the number of neighbours M={most}, got {self.max_wait}")
+
+    def callbacks(self) -> list[Callback]:
+        return [
+            PruningTimeVoting(delta_pr=self.delta_pr, delta_v=self.delta_v, b=self.b, c=self.c),
+            PQIPruning(target_sparsity=self.target_sparsity, p=self.p, q=self.q, eta_c=self.eta_c,
+                       gamma=self.gamma, beta=self.beta),
+            RigL(drop_fraction=self.drop_fraction, regrowth=self.regrowth, gradient_batches=self.gradient_batches),
+        ]
+
+    def plan_round(self, ctx: RoundContext) -> RoundPlan:
+        neighbors = self.neighbors(ctx)
+        order = ctx.rng.permutation(ctx.num_clients)
+        reuse_index = [0] * ctx.num_clients
+        for position, client in enumerate(order):
+            reuse_index[int(client)] = position
+        waits = reuse_dependencies(neighbors, reuse_index, self.max_wait, ctx.durations)
+        tasks = []
+        for client in (int(c) for c in order):
+            fresh = set(waits[client])
+            tasks.append(Task(node=client, sources=(Source(client), *(Source(j, fresh=j in fresh)
+                                                                        for j in neighbors[client]))))
+        return RoundPlan(ctx.round_idx, tasks, meta={"reuse_order": [int(c) for c in order]})

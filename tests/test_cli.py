@@ -1,0 +1,48 @@
+"""The command line: LightningCLI fit with the federated trainer."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_dfl.cli import FederatedCLI
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _fit(tmp_path, config, *extra):
+    return FederatedCLI(args=["fit", "--config", str(CONFIGS / config), "--trainer.rounds=1",
+                              "--trainer.local_epochs=1", f"--trainer.default_root_dir={tmp_path}",
+                              "--trainer.enable_progress_bar=false", "--data.num_clients=4",
+                              "--trainer.algorithm.init_args.num_neighbors=2", *extra])
+
+
+@pytest.mark.parametrize("config", ["dispfl_digits.yaml", "dpsgd_digits.yaml"])
+def test_fit_writes_metrics_config_and_summary(tmp_path, config):
+    cli = _fit(tmp_path, config)
+    log_dir = Path(cli.trainer.log_dir)
+    assert (log_dir / "metrics.csv").read_text().startswith(("acc", "comm", "density", "flops", "round", "samples", "time", "train"))
+    assert "class_path" in (log_dir / "config.yaml").read_text()
+    summary = json.loads((log_dir / "summary.json").read_text())
+    assert summary["rounds"] == 1 and 0.0 <= summary["final_accuracy"] <= 1.0
+
+
+def test_every_digits_config_parses(tmp_path):
+    for config in sorted(CONFIGS.glob("*.yaml")):
+        cli = FederatedCLI(args=["--config", str(config)], run=False)
+        assert cli.trainer.rounds >= 1 and cli.datamodule.hparams.num_clients >= 1
+
+
+def test_bad_values_fail_before_training(tmp_path):
+    with pytest.raises(ValueError, match="M=4, K=4"):
+        _fit(tmp_path, "dispfl_digits.yaml", "--trainer.algorithm.init_args.num_neighbors=4")
+    with pytest.raises(ValueError, match="unknown dataset"):
+        _fit(tmp_path, "dispfl_digits.yaml", "--data.dataset=imagenet42")
+
+
+def test_print_config_and_module_entry_point(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "lightning_dfl", "fit", "--config", str(CONFIGS / "dispfl_digits.yaml"),
+                          "--print_config"], capture_output=True, text=True, check=True).stdout
+    assert "lightning_dfl.federation.algorithms.DisPFL" in out and "num_neighbors: 4" in out

@@ -1,0 +1,74 @@
+"""DA-DPFL as an algorithm on the engine: dynamic aggregation plans and sparse-to-sparser runs."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.algorithms import DADPFL, RoundContext
+from lightning_dfl.federation.plan import clock_metrics
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+from lightning_dfl.scheduling import simulate_round
+
+warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+
+
+def _ctx(round_idx=0, num_clients=8, seed=0):
+    return RoundContext(round_idx, 10, num_clients, tuple([10] * num_clients), np.random.default_rng(seed))
+
+
+def test_n0_is_parallel_dfl():
+    plan = DADPFL(num_neighbors=3, max_wait=0).plan_round(_ctx())
+    assert all(not s.fresh for t in plan.tasks for s in t.sources)
+    assert clock_metrics(plan) == {"parallelism": 1.0, "max_parallelism": 1.0, "delay": 0.0, "duration": 1.0}
+
+
+def test_full_topology_with_n_equal_m_is_sequential():
+    algo = DADPFL(topology="full", max_wait=4)
+    algo.validate(5)
+    plan = algo.plan_round(_ctx(num_clients=5))
+    order = plan.meta["reuse_order"]
+    assert [t.node for t in plan.order()] == order
+    for position, task in enumerate(plan.order()):  # each client reuses all earlier clients' fresh models
+        assert {s.node for s in task.sources if s.fresh} == set(order[:position])
+    assert clock_metrics(plan)["delay"] == 4
+
+
+def test_plan_clock_matches_the_scheduling_simulator():
+    algo = DADPFL(num_neighbors=3, max_wait=2)
+    ctx = _ctx(round_idx=3, num_clients=12, seed=5)
+    plan = algo.plan_round(ctx)
+    times = plan.schedule()
+    ctx = _ctx(round_idx=3, num_clients=12, seed=5)  # same draws again
+    neighbors = algo.neighbors(ctx)
+    order = ctx.rng.permutation(12)
+    reuse = [0] * 12
+    for pos, c in enumerate(order):
+        reuse[int(c)] = pos
+    simulated = simulate_round(neighbors, reuse, 2)
+    assert [times[k][0] for k in range(12)] == [float(s) for s in simulated.start]
+
+
+def test_max_wait_above_m_is_refused_before_training():
+    with pytest.raises(ValueError, match="max_wait"):
+        DADPFL(num_neighbors=2, max_wait=3).validate(10)
+
+
+def test_dadpfl_prunes_towards_the_target_without_overshoot():
+    dm = FederatedDataModule(dataset="digits", num_clients=6, batch_size=32, test_samples_per_client=40)
+    model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05)
+    algo = DADPFL(num_neighbors=2, max_wait=2, delta_pr=1000.0, target_sparsity=0.7)  # votes stable at once
+    trainer = FederatedTrainer(algorithm=algo, rounds=8, local_epochs=1, logger=False, accelerator="cpu",
+                               enable_progress_bar=False)
+    trainer.fit(model, dm)
+    first, last = trainer.history[0], trainer.history[-1]
+    assert last["density/mean"] < first["density/mean"] - 0.1  # sparse to sparser
+    assert last["density/min"] >= 0.3 - 1e-3  # never past s* = 0.7
+    assert last["flops/train_per_client"] < first["flops/train_per_client"]
+    assert last["comm/busiest_bytes"] < first["comm/busiest_bytes"]
+    assert any("voting/t_star" in m for m in trainer.history)
+    assert sum(m.get("pqi/pruned_clients", 0) for m in trainer.history) > 0
+    assert last["acc/personal_mean"] > 0.4
+    assert any(m["time/delay"] > 0 for m in trainer.history)
