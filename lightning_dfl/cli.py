@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lightning_dfl.analysis import SUBCOMMANDS
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
@@ -71,9 +73,26 @@ def _has_omegaconf() -> bool:
     return True
 
 
+USAGE = """usage: lightning-dfl {fit,schedule,cost} ...
+
+  fit       train a federation: lightning-dfl fit --config configs/dispfl_digits.yaml (fit --help)
+  schedule  DA-DPFL dynamic aggregation: parallelism and delay against M and N (Figs. 8-9)
+  cost      C_total(theta) cost curves of finished runs (DA-DPFL Sec. VI-A5)
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``lightning-dfl`` console script."""
-    FederatedCLI(args=argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    if args[0] in SUBCOMMANDS:
+        from jsonargparse import CLI
+
+        CLI(SUBCOMMANDS[args[0]], args=args[1:])
+        return
+    FederatedCLI(args=args)
 
 
 if __name__ == "__main__":

@@ -46,3 +46,44 @@ def test_print_config_and_module_entry_point(tmp_path):
     out = subprocess.run([sys.executable, "-m", "lightning_dfl", "fit", "--config", str(CONFIGS / "dispfl_digits.yaml"),
                           "--print_config"], capture_output=True, text=True, check=True).stdout
     assert "lightning_dfl.federation.algorithms.DisPFL" in out and "num_neighbors: 4" in out
+
+
+def test_schedule_subcommand_prints_parallelism_and_delay(capsys):
+    from lightning_dfl.cli import main
+
+    main(["schedule", "--num_clients=20", "--neighbors=[3]", "--max_waits=[0,null]", "--rounds=500"])
+    out = capsys.readouterr().out
+    lines = [line.split() for line in out.splitlines() if line.strip().startswith("3")]
+    assert len(lines) == 2
+    assert float(lines[0][2]) == 1.0 and float(lines[0][-1]) == 0.0  # N = 0: parallel, no delay
+    assert float(lines[1][-1]) > 0.0  # N = M waits
+
+
+def test_cost_subcommand_compares_finished_runs(tmp_path, capsys):
+    from lightning_dfl.cli import main
+
+    a = _fit(tmp_path / "a", "dispfl_digits.yaml")
+    b = _fit(tmp_path / "b", "dpsgd_digits.yaml")
+    capsys.readouterr()
+    main(["cost", f"--runs=[{a.trainer.log_dir},{b.trainer.log_dir}]", "--thetas=[0.0,1.0]"])
+    out = capsys.readouterr().out
+    assert "theta" in out and "vs" in out
+    with pytest.raises(FileNotFoundError, match="no metrics.csv"):
+        main(["cost", f"--runs=[{tmp_path / 'nope'}]"])
+
+
+def test_top_level_usage_lists_subcommands(capsys):
+    from lightning_dfl.cli import main
+
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert all(word in out for word in ("fit", "schedule", "cost"))
+
+
+def test_per_client_rows_are_written(tmp_path):
+    import csv
+
+    cli = _fit(tmp_path, "dispfl_digits.yaml")
+    rows = list(csv.DictReader((Path(cli.trainer.log_dir) / "clients.csv").open()))
+    assert [int(r["client"]) for r in rows] == [0, 1, 2, 3]
+    assert all(0.49 < float(r["density"]) < 0.51 and int(r["bytes_received"]) > 0 for r in rows)

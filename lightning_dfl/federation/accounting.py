@@ -58,6 +58,15 @@ class RoundAccounting:
             self.mask_upload[sender] += mask_bytes
             self.mask_download[receiver] += mask_bytes
 
+    def client_rows(self) -> list[dict[str, float | int | None]]:
+        """One row per client that ran a task: its density, accuracies, FLOPs and bytes."""
+        return [{
+            "round": self.round_idx, "client": r.client, "density": r.density,
+            "acc_aggregated": r.acc_aggregated, "acc_trained": r.acc_trained, "loss": r.loss,
+            "train_samples": r.train_samples, "flops": r.flops,
+            "bytes_received": self.download.get(r.client, 0), "bytes_sent": self.upload.get(r.client, 0),
+        } for r in sorted(self.records, key=lambda r: r.client)]
+
     def metrics(self) -> dict[str, float]:
         """The round's metrics, named ``group/name``."""
         out: dict[str, float] = {"round": float(self.round_idx)}

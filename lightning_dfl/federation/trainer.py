@@ -8,6 +8,7 @@ becomes one row of metrics in the Lightning loggers.
 
 from __future__ import annotations
 
+import csv
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -269,6 +270,7 @@ class FederatedTrainer:
             self._run_task(task, accounting, evaluate)
         self.current_client = None
         self.store.end_round()
+        self._write_client_rows(accounting.client_rows())
         metrics = accounting.metrics()
         metrics.update(self._clock(plan))
         if evaluate:
@@ -281,6 +283,19 @@ class FederatedTrainer:
         if self.logger is not None:
             self.logger.log_metrics(metrics, step=round_idx)
         return metrics
+
+    def _write_client_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Append per-client rows to ``<log_dir>/clients.csv`` (density, accuracy, FLOPs, bytes)."""
+        if not rows or self.log_dir is None or not self.is_global_zero:
+            return
+        path = Path(self.log_dir) / "clients.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = self.current_round == 0 or not path.exists()
+        with path.open("w" if new else "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            if new:
+                writer.writeheader()
+            writer.writerows(rows)
 
     def _clock(self, plan: RoundPlan) -> dict[str, float]:
         durations = None
