@@ -5,7 +5,8 @@ lightning-dfl's modules carry a :class:`~lightning_dfl.sparse.masks.ModelMask` a
 ``LightningModule`` has none: the callback builds one at ``setup("fit")``, attaches its gradient
 hooks, re-masks the weights after every optimizer step, follows the module to its device and
 saves the mask in its checkpoint state. :class:`MaskOwner` is that bookkeeping, shared by the
-pruning callbacks (the same approach as :class:`~lightning_dfl.callbacks.rigl.RigL`).
+sparse-training callbacks (:class:`~lightning_dfl.callbacks.rigl.RigL`,
+:class:`~lightning_dfl.callbacks.pqi.PQIPruning`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ class MaskOwner:
 
     Args:
         owner: the callback's name, for error messages.
+        error: the exception :meth:`setup` raises when the module has no Conv/Linear weight.
     """
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, error: type[Exception] = ValueError) -> None:
         self.owner = owner
+        self.error = error
         self.own: ModelMask | None = None  # only when the module brings no mask
         self.pending: Masks | None = None  # restored before the mask was built
 
@@ -60,7 +63,7 @@ class MaskOwner:
         else:
             masks = build()
         if not masks:
-            raise ValueError(f"{self.owner} found no Conv/Linear weights to mask in {type(pl_module).__name__}")
+            raise self.error(f"{self.owner} found no Conv/Linear weights to mask in {type(pl_module).__name__}")
         self.own = ModelMask(pl_module, masks).attach()
 
     def follow_device(self, pl_module: Any) -> None:

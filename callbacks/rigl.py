@@ -20,6 +20,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
+from lightning_dfl.callbacks._mask_owner import MaskOwner, module_mask
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.masks import Masks, ModelMask
@@ -134,8 +135,7 @@ class RigL(FederatedCallback):
         self.seed = seed
         self.verbose = verbose
 
-        self._own_mask: ModelMask | None = None  # only when the module brings no mask
-        self._pending_masks: Masks | None = None  # restored before the mask was built
+        self._masks = MaskOwner("RigL", error=MisconfigurationException)
         self._total: int | None = None  # T of the plain-Trainer schedule
         self._num_updates = 0
         self._last_update_step = 0
@@ -145,51 +145,24 @@ class RigL(FederatedCallback):
     @property
     def owns_mask(self) -> bool:
         """True when the callback built the mask (the module brought none)."""
-        return self._own_mask is not None
-
-    def _module_mask(self, pl_module: Any) -> ModelMask | None:
-        mask = getattr(pl_module, "mask", None)
-        return mask if isinstance(mask, ModelMask) else None
-
-    def _mask(self, pl_module: Any) -> ModelMask:
-        mask = self._module_mask(pl_module)
-        if mask is not None:
-            return mask
-        if self._own_mask is None or self._own_mask.module is not pl_module:
-            raise RuntimeError("RigL has no mask for this module: it brings no `mask` (ModelMask) "
-                               "and the callback's own mask is built in `setup('fit')`")
-        return self._own_mask
+        return self._masks.owns_mask
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or self._module_mask(pl_module) is not None:
+        if stage != "fit" or module_mask(pl_module) is not None:
             return
         if not getattr(pl_module, "automatic_optimization", True) and not self._has_loss_method(pl_module):
             raise MisconfigurationException(
                 "RigL needs a loss without side effects: with manual optimization `training_step` "
                 "steps the optimizer, so define `loss(batch) -> Tensor` on the module")
-        if self._own_mask is not None and self._own_mask.module is pl_module:
-            self._own_mask.attach()
-            return
-        if self._pending_masks is not None:
-            masks, self._pending_masks = self._pending_masks, None
-        else:
-            generator = torch.Generator().manual_seed(self.seed)
-            masks = initial_masks(pl_module, self.density, self.distribution, generator=generator)
-        if not masks:
-            raise MisconfigurationException(
-                f"RigL found no Conv/Linear weights to mask in {type(pl_module).__name__}")
-        self._own_mask = ModelMask(pl_module, masks).attach()
+        self._masks.setup(pl_module, lambda: initial_masks(
+            pl_module, self.density, self.distribution, generator=torch.Generator().manual_seed(self.seed)))
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # The strategy moves the module to its device after `setup`: follow it.
-        own = self._own_mask
-        if own is not None and any(own.masks[n].device != p.device for n, p in own.params.items()):
-            own.detach()
-            self._own_mask = ModelMask(pl_module, own.masks).attach()
+        self._masks.follow_device(pl_module)  # the strategy moves the module after `setup`
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit" and self._own_mask is not None:
-            self._own_mask.detach()
+        if stage == "fit":
+            self._masks.teardown()
 
     # -- plain Trainer -------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -208,8 +181,7 @@ class RigL(FederatedCallback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
-        if self._own_mask is not None:
-            self._own_mask.apply_()  # after the optimizer step
+        self._masks.apply_()  # after the optimizer step; no-op when the module owns its mask
         if is_federated(trainer):
             return
         if self.update_interval == "epoch":
@@ -234,7 +206,7 @@ class RigL(FederatedCallback):
         if total is None or t >= self.stop_fraction * total:
             return
         self._last_update_step = t
-        mask = self._mask(pl_module)
+        mask = self._masks.get(pl_module)
         new = self._search(pl_module, mask, t, total, [batch], batch_idx, (self.seed, t))
         if getattr(trainer, "world_size", 1) > 1:  # identical masks on every rank
             new = trainer.strategy.broadcast(new, src=0)
@@ -242,7 +214,7 @@ class RigL(FederatedCallback):
 
     # -- federation ----------------------------------------------------------------------
     def on_client_end(self, trainer: Any, pl_module: Any, client_id: int) -> None:
-        mask = self._module_mask(pl_module)
+        mask = module_mask(pl_module)
         if mask is None:
             raise RuntimeError(
                 "RigL in a federation needs the module's own ModelMask (`pl_module.mask`), so that "
@@ -319,20 +291,15 @@ class RigL(FederatedCallback):
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"num_updates": self._num_updates, "last_update_step": self._last_update_step}
-        if self._own_mask is not None:
-            state["masks"] = self._own_mask.state()
+        masks = self._masks.state()
+        if masks is not None:
+            state["masks"] = masks
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._num_updates = int(state_dict.get("num_updates", 0))
         self._last_update_step = int(state_dict.get("last_update_step", 0))
-        masks = state_dict.get("masks")
-        if masks is None:
-            return
-        if self._own_mask is not None:
-            self._own_mask.load_(masks, apply=True)
-        else:
-            self._pending_masks = {name: m.clone() for name, m in masks.items()}
+        self._masks.load_state(state_dict.get("masks"))
 
 
 @contextmanager
