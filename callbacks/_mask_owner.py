@@ -23,6 +23,17 @@ def module_mask(pl_module: Any) -> ModelMask | None:
     return mask if isinstance(mask, ModelMask) else None
 
 
+def federated_mask(pl_module: Any, owner: str) -> ModelMask:
+    """``pl_module.mask``, which a callback needs in a federation so that each client's mask
+    travels with its state; a clear error names ``owner`` when the module has none."""
+    mask = module_mask(pl_module)
+    if mask is None:
+        raise RuntimeError(
+            f"{owner} in a federation needs the module's own ModelMask (`pl_module.mask`), so that each "
+            f"client's mask travels with its state; {type(pl_module).__name__} has none")
+    return mask
+
+
 class MaskOwner:
     """Finds the module's mask or owns one for a foreign module.
 

@@ -20,7 +20,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_dfl.callbacks._mask_owner import MaskOwner, module_mask
+from lightning_dfl.callbacks._mask_owner import MaskOwner, federated_mask, module_mask
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
 from lightning_dfl.sparse.masks import ModelMask, maskable_parameters
 from lightning_dfl.sparse.pqi import (
@@ -246,11 +246,7 @@ class PQIPruning(FederatedCallback):
             self._round_events = self._round_pruned = 0
 
     def on_client_train_end(self, trainer: Any, pl_module: Any, client_id: int) -> None:
-        mask = module_mask(pl_module)
-        if mask is None:
-            raise RuntimeError(
-                "PQIPruning in a federation needs the module's own ModelMask (`pl_module.mask`), so that each "
-                f"client's mask travels with its state; {type(pl_module).__name__} has none")
+        mask = federated_mask(pl_module, "PQIPruning")
         round_idx, client = int(trainer.current_round), int(client_id)
         self._begin_round(round_idx)
         if self.should_prune(round_idx):

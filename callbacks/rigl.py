@@ -20,7 +20,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
-from lightning_dfl.callbacks._mask_owner import MaskOwner, module_mask
+from lightning_dfl.callbacks._mask_owner import MaskOwner, federated_mask, module_mask
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.masks import Masks, ModelMask
@@ -214,11 +214,7 @@ class RigL(FederatedCallback):
 
     # -- federation ----------------------------------------------------------------------
     def on_client_end(self, trainer: Any, pl_module: Any, client_id: int) -> None:
-        mask = module_mask(pl_module)
-        if mask is None:
-            raise RuntimeError(
-                "RigL in a federation needs the module's own ModelMask (`pl_module.mask`), so that "
-                f"each client's mask travels with its state; {type(pl_module).__name__} has none")
+        mask = federated_mask(pl_module, "RigL")
         t, total = int(trainer.current_round), int(trainer.max_rounds)
         if t >= self.stop_fraction * total:
             return
