@@ -72,3 +72,12 @@ def test_dadpfl_prunes_towards_the_target_without_overshoot():
     assert sum(m.get("pqi/pruned_clients", 0) for m in trainer.history) > 0
     assert last["acc/personal_mean"] > 0.4
     assert any(m["time/delay"] > 0 for m in trainer.history)
+
+
+def test_a_user_callback_takes_the_default_ones_place():
+    from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
+
+    mine = PQIPruning(target_sparsity=0.6)
+    trainer = FederatedTrainer(algorithm=DADPFL(num_neighbors=2, max_wait=1), callbacks=[mine], logger=False)
+    assert [type(c) for c in trainer.callbacks] == [PruningTimeVoting, PQIPruning, RigL]
+    assert trainer.callbacks[1] is mine

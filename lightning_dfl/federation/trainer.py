@@ -129,7 +129,7 @@ class FederatedTrainer:
         self.enable_progress_bar = enable_progress_bar
         self.default_root_dir = default_root_dir
         self._fabric_kwargs = {"accelerator": accelerator, "devices": 1, "precision": precision, "strategy": strategy}
-        self.fabric = Fabric(**self._fabric_kwargs)
+        self.fabric = Fabric(**self._fabric_kwargs)  # validates accelerator and precision now; rebuilt in fit
         self.callbacks = self._merge_callbacks(callbacks)
         self.logger = self._build_logger(logger)
         self.current_round = 0
