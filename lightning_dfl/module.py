@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_dfl.models import available_models, build_model
+from lightning_dfl.models import model_options as builder_options
 from lightning_dfl.sparse.erk import initial_masks
 from lightning_dfl.sparse.flops import FlopsProfile, profile_flops
 from lightning_dfl.sparse.masks import Masks, ModelMask, maskable_parameters
@@ -18,8 +19,8 @@ from lightning_dfl.sparse.masks import Masks, ModelMask, maskable_parameters
 DISTRIBUTIONS = ("erk", "uniform")
 
 
-def _is_shortcut(name: str) -> bool:
-    return "downsample" in name or "shortcut" in name
+#: name parts of the 1x1 shortcut convolutions of ResNets
+SHORTCUT_NAMES = ("downsample", "shortcut")
 
 
 class SparseClassifier(LightningModule):
@@ -37,6 +38,10 @@ class SparseClassifier(LightningModule):
         distribution: how the density is spread over layers, ``"erk"`` or ``"uniform"``.
         erk_power_scale: exponent of the ERK score.
         mask_shortcuts: whether the 1x1 shortcut (downsample) convolutions of ResNets are masked.
+        mask_exclude: Conv/Linear weights whose name contains one of these strings stay dense
+            (e.g. ``["fc"]`` keeps ResNet18's classifier dense).
+        model_options: options of the model builder (e.g. ``{"norm": "batch"}`` for VGG11 with
+            BatchNorm; see :func:`lightning_dfl.models.model_options`).
         lr: SGD learning rate at round (or epoch) 0.
         lr_decay: multiplicative decay per round (federation) or per epoch (plain ``Trainer``).
         momentum, weight_decay: SGD settings (papers: momentum 0, weight decay 5e-4).
@@ -53,6 +58,8 @@ class SparseClassifier(LightningModule):
         distribution: str = "erk",
         erk_power_scale: float = 1.0,
         mask_shortcuts: bool = True,
+        mask_exclude: list[str] | None = None,
+        model_options: dict[str, Any] | None = None,
         lr: float = 0.1,
         lr_decay: float = 0.998,
         momentum: float = 0.0,
@@ -62,6 +69,9 @@ class SparseClassifier(LightningModule):
         super().__init__()
         if arch not in available_models():
             raise ValueError(f"unknown arch {arch!r}; allowed: {', '.join(available_models())}")
+        unknown = sorted(set(model_options or {}) - set(builder_options(arch)))
+        if unknown:
+            raise ValueError(f"model {arch!r} has no option(s) {unknown}; its options are {builder_options(arch)}")
         if not 0.0 < density <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {density}")
         if distribution not in DISTRIBUTIONS:
@@ -99,7 +109,8 @@ class SparseClassifier(LightningModule):
         hp.num_classes, hp.in_channels, hp.image_size = num_classes, in_channels, image_size
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(hp.seed)
-            self.model = build_model(hp.arch, num_classes=num_classes, in_channels=in_channels, image_size=image_size)
+            self.model = build_model(hp.arch, num_classes=num_classes, in_channels=in_channels, image_size=image_size,
+                                     **(hp.model_options or {}))
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         generator = torch.Generator().manual_seed(hp.seed)
@@ -113,8 +124,11 @@ class SparseClassifier(LightningModule):
 
     def maskable_parameters(self) -> dict[str, nn.Parameter]:
         """The masked parameters, named relative to :attr:`model`."""
-        exclude = None if self.hparams.mask_shortcuts else _is_shortcut
-        return maskable_parameters(self.model, exclude=exclude)
+        patterns = list(self.hparams.mask_exclude or [])
+        if not self.hparams.mask_shortcuts:
+            patterns += list(SHORTCUT_NAMES)
+        return maskable_parameters(self.model, exclude=(lambda name: any(p in name for p in patterns))
+                                   if patterns else None)
 
     def initial_masks(self, generator: torch.Generator, density: float | None = None) -> Masks:
         """A fresh random mask at ``density`` (default: the module's) with its distribution.

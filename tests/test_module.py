@@ -47,3 +47,13 @@ def test_same_seed_same_initial_model_and_mask():
 def test_bad_module_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SparseClassifier(**kwargs)
+
+
+def test_mask_exclude_and_model_options():
+    model = SparseClassifier(arch="vgg11", num_classes=10, in_channels=3, image_size=32, density=0.5,
+                             mask_exclude=["classifier"], model_options={"norm": "batch"})
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in model.model.modules())
+    assert not any("classifier" in name for name in model.mask.masks)
+    assert model.mask.density() == pytest.approx(0.5, abs=1e-3)
+    with pytest.raises(ValueError, match="has no option"):
+        SparseClassifier(arch="vgg11", model_options={"colour": "red"})

@@ -182,6 +182,10 @@ class FederatedTrainer:
         if logger in (True, None, "csv"):
             return CSVLogger(self.default_root_dir, name=self.algorithm.name)
         if logger == "tensorboard":
+            try:
+                import tensorboard  # noqa: F401
+            except ImportError as err:
+                raise ValueError("logger='tensorboard' needs TensorBoard: pip install -e '.[tensorboard]'") from err
             return TensorBoardLogger(self.default_root_dir, name=self.algorithm.name)
         raise ValueError(f"logger must be a Lightning Logger, True, False, 'csv' or 'tensorboard', got {logger!r}")
 
