@@ -23,6 +23,7 @@ from .federated import FederatedDataModule, TensorBatches
 from .partition import (
     PARTITIONERS,
     DirichletPartitioner,
+    EqualDirichletPartitioner,
     IIDPartitioner,
     PathologicalPartitioner,
     Partitioner,
@@ -39,6 +40,7 @@ __all__ = [
     "PARTITIONERS",
     "BatchAugment",
     "DirichletPartitioner",
+    "EqualDirichletPartitioner",
     "FederatedDataModule",
     "IIDPartitioner",
     "ImageData",

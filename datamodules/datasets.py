@@ -156,8 +156,9 @@ def resize_split(split: Split, size: int) -> Split:
 def decode_images(paths: Sequence[str | os.PathLike], image_size: int | None = None) -> Tensor:
     """Decode image files once into one RGB ``uint8 [N, 3, H, W]`` tensor (torchvision.io).
 
-    With ``image_size`` every image is resized to ``image_size x image_size``; without it all
-    images must already share one size.
+    Grayscale images are replicated to three channels, 16-bit images scaled to 8 bits. With
+    ``image_size`` every image is resized to ``image_size x image_size``; without it all images
+    must already share one size.
     """
     from torchvision.io import ImageReadMode, decode_image, read_file
     from torchvision.transforms.v2 import functional as TF
@@ -172,6 +173,8 @@ def decode_images(paths: Sequence[str | os.PathLike], image_size: int | None = N
             img = decode_image(read_file(path), mode=ImageReadMode.RGB)
         except RuntimeError as err:
             raise ValueError(f"cannot decode image {path}: {err}") from err
+        if img.dtype != torch.uint8:  # 16-bit PNGs decode as uint16: scale, do not wrap modulo 256
+            img = TF.to_dtype(img, torch.uint8, scale=True)
         if image_size is not None and tuple(img.shape[-2:]) != (image_size, image_size):
             img = TF.resize(img, [image_size, image_size], antialias=True)
         if out is None:

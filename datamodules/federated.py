@@ -3,8 +3,9 @@
 Protocol (DisPFL App. B.1, DA-DPFL Sec. VI-A): the official training split is partitioned over
 ``num_clients`` clients (Dirichlet, pathological or IID); each client's test set holds
 ``test_samples_per_client`` samples of the official test split drawn with the client's
-training label proportions. Clients read mini-batches straight from tensors decoded once;
-augmentation and normalisation run on whole batches, seeded by a caller's generator. The
+training label proportions. Clients read mini-batches straight from tensors decoded once: a
+client's images are normalised once per :meth:`~FederatedDataModule.client_train_batches`
+call, and augmentation runs on whole batches, seeded by a caller's generator. The
 normalisation is per data set: the per-channel mean and std of its training split (for
 CIFAR-10 and MNIST these are the usual published constants).
 """
@@ -25,7 +26,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from .datasets import DATASETS, Split, load_dataset
-from .partition import PARTITIONERS, allocate_counts, build_partitioner, personal_test_indices
+from .partition import PARTITIONERS, _check_int, allocate_counts, build_partitioner, personal_test_indices
 from .transforms import BatchAugment, Normalize
 
 __all__ = ["FederatedDataModule", "TensorBatches"]
@@ -37,17 +38,18 @@ DOWNLOADABLE = frozenset({"mnist", "cifar10", "cifar100", "svhn"})
 _TEST_STREAM = 1  # seed-sequence key of the personal-test-set draws
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 class TensorBatches:
     """Re-iterable mini-batches ``(x float [B, C, H, W], y int64 [B])`` over in-memory images.
 
     ``len()`` is the number of batches (the last partial batch is kept). With ``shuffle`` each
     pass draws a fresh permutation from ``generator`` (then the augmentation draws, batch by
     batch), so consecutive passes are consecutive epochs.
+
+    The images are normalised once, here (and padded for the random crop with the normalised
+    value of a zero pixel), so a batch costs one gather: crop and flip move pixels and the
+    normalisation is per pixel, so every batch equals ``normalize(augment(images[idx]))``. The
+    price is a float copy of the images (padded) for the object's lifetime. Unshuffled,
+    unaugmented batches are views of that copy: read them, do not modify them in place.
     """
 
     def __init__(
@@ -62,12 +64,17 @@ class TensorBatches:
     ) -> None:
         if (shuffle or (augment is not None and augment.enabled)) and not isinstance(generator, torch.Generator):
             raise TypeError(f"shuffling or augmenting needs a torch.Generator, got {type(generator).__name__}")
-        self.images, self.labels = images, labels
+        self.labels = labels
         self.batch_size = batch_size
         self.normalize = normalize
         self.augment = augment if augment is not None and augment.enabled else None
         self.generator = generator
         self.shuffle = shuffle
+        source = normalize(images)
+        if self.augment is not None:
+            zero = torch.zeros((1, images.shape[1], 1, 1), dtype=images.dtype, device=images.device)
+            source = self.augment.pad(source, fill=normalize(zero)[0])
+        self.source = source
 
     @property
     def num_samples(self) -> int:
@@ -77,21 +84,23 @@ class TensorBatches:
         return math.ceil(self.num_samples / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        n = self.num_samples
+        n, size, device = self.num_samples, self.batch_size, self.source.device
         order = None
         if self.shuffle:
             gen = self.generator
-            order = torch.randperm(n, generator=gen, device=gen.device).to(self.images.device)
-        for start in range(0, n, self.batch_size):
+            order = torch.randperm(n, generator=gen, device=gen.device).to(device)
+        elif self.augment is not None:
+            order = torch.arange(n, device=device)
+        for start in range(0, n, size):
             if order is None:
-                x = self.images[start : start + self.batch_size]
-                y = self.labels[start : start + self.batch_size]
-            else:
-                idx = order[start : start + self.batch_size]
-                x, y = self.images[idx], self.labels[idx]
+                yield self.source[start : start + size], self.labels[start : start + size]
+                continue
+            idx = order[start : start + size]
             if self.augment is not None:
-                x = self.augment(x, self.generator)
-            yield self.normalize(x), y
+                x = self.augment.crop_flip(self.source, idx, self.generator)
+            else:
+                x = self.source.index_select(0, idx)
+            yield x, self.labels.index_select(0, idx)
 
 
 class _SplitDataset(Dataset):
@@ -108,7 +117,7 @@ class _SplitDataset(Dataset):
 
     def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.int64)
-        return self.images[idx], self.labels[idx]
+        return self.images.index_select(0, idx), self.labels.index_select(0, idx)
 
 
 class _BatchCollate:
@@ -119,10 +128,8 @@ class _BatchCollate:
         self.augment = augment if augment is not None and augment.enabled else None
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, batch) -> tuple[Tensor, Tensor]:
-        if isinstance(batch, list):  # a sampler that bypasses __getitems__
-            batch = (torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch]))
-        x, y = batch
+    def __call__(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        x, y = batch  # a whole batch: _SplitDataset.__getitems__
         if self.augment is not None:
             x = self.augment(x, self.generator)
         return self.normalize(x), y
@@ -136,7 +143,7 @@ class FederatedDataModule(L.LightningDataModule):
         root: data root (default ``$LIGHTNING_DFL_DATA`` or ``~/.cache/lightning-dfl``).
         num_clients: number of clients K.
         partition: one of :data:`~lightning_dfl.datamodules.partition.PARTITIONERS`.
-        alpha: Dirichlet concentration (``partition="dirichlet"``).
+        alpha: Dirichlet concentration (``partition="dirichlet"`` or ``"dirichlet_equal"``).
         classes_per_client: classes per client (``partition="pathological"``).
         min_size: least training samples per client (``partition="dirichlet"``).
         test_samples_per_client: size of each client's personal test set (DisPFL: 100).
@@ -199,6 +206,9 @@ class FederatedDataModule(L.LightningDataModule):
         self.augment = dataset not in NO_AUGMENT_BY_DEFAULT if augment is None else augment
         self.image_size_override, self.seed, self.download = image_size, seed, download
         self.batch_augment = BatchAugment(random_crop_padding=4 if self.augment else 0, horizontal_flip=self.augment)
+        options = {"alpha": self.alpha, "classes_per_client": classes_per_client, "min_size": min_size}
+        accepted = inspect.signature(PARTITIONERS[partition]).parameters
+        self.partitioner = build_partitioner(partition, **{k: v for k, v in options.items() if k in accepted})
         self._split: Split | None = None
         self._downloaded = False
 
@@ -214,11 +224,6 @@ class FederatedDataModule(L.LightningDataModule):
         """Load the data once, partition it, draw the personal test sets (idempotent)."""
         if self._split is not None:
             return
-        cls = PARTITIONERS[self.partition]
-        options = {"alpha": self.alpha, "classes_per_client": self.classes_per_client, "min_size": self.min_size}
-        accepted = inspect.signature(cls).parameters
-        partitioner = build_partitioner(self.partition, **{k: v for k, v in options.items() if k in accepted})
-
         kwargs: dict[str, Any] = {"download": self.download and not self._downloaded}
         if self.image_size_override is not None:
             kwargs["image_size"] = self.image_size_override
@@ -230,7 +235,13 @@ class FederatedDataModule(L.LightningDataModule):
             )
         train_labels = split.train.labels.numpy()
         test_labels = split.test.labels.numpy()
-        parts = partitioner(train_labels, self.num_clients, self.seed)
+        parts = self.partitioner(train_labels, self.num_clients, self.seed)
+        empty = [k for k, p in enumerate(parts) if len(p) == 0]
+        if empty:  # a client without data can neither train nor be tested
+            raise ValueError(
+                f"{len(empty)} of {self.num_clients} clients (first: client {empty[0]}) received no training samples "
+                f"from {self.partitioner!r} on dataset {self.dataset!r}; raise min_size to >= 1 or use fewer clients"
+            )
         counts = [np.bincount(train_labels[p], minlength=split.num_classes) for p in parts]
         tests = [
             personal_test_indices(
@@ -339,16 +350,17 @@ class FederatedDataModule(L.LightningDataModule):
     ) -> TensorBatches:
         """Client ``k``'s training batches: shuffled by ``generator``, augmented, normalised.
 
-        The client's images are copied to ``device`` once (default: CPU) and batches are cut
-        there; random draws come from ``generator`` wherever it lives.
+        The client's images are copied to ``device`` (default: CPU) and normalised there once,
+        when this is called (see :class:`TensorBatches`); batches are cut there, the random
+        draws come from ``generator`` wherever it lives.
         """
         split = self._ready()
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         idx = self._train_parts[self._client(k)]
         return TensorBatches(
-            split.train.images[idx].to(device),
-            split.train.labels[idx].to(device),
+            split.train.images.index_select(0, idx).to(device),
+            split.train.labels.index_select(0, idx).to(device),
             self.batch_size,
             self.normalizer,
             augment=self.batch_augment,
@@ -361,7 +373,10 @@ class FederatedDataModule(L.LightningDataModule):
         split = self._ready()
         idx = self._test_parts[self._client(k)]
         return TensorBatches(
-            split.test.images[idx].to(device), split.test.labels[idx].to(device), self.eval_batch_size, self.normalizer
+            split.test.images.index_select(0, idx).to(device),
+            split.test.labels.index_select(0, idx).to(device),
+            self.eval_batch_size,
+            self.normalizer,
         )
 
     # ------------------------------------------------------------------ Lightning hooks

@@ -19,6 +19,7 @@ import numpy as np
 __all__ = [
     "PARTITIONERS",
     "DirichletPartitioner",
+    "EqualDirichletPartitioner",
     "IIDPartitioner",
     "PathologicalPartitioner",
     "Partitioner",
@@ -136,7 +137,10 @@ class DirichletPartitioner(Partitioner):
                 else:  # tiny alpha: all mass fell on full clients; Dir's alpha -> 0 limit, one open client
                     q = np.zeros(num_clients)
                     q[rng.choice(np.flatnonzero(open_))] = 1.0
-                cuts = (np.cumsum(q) * len(members)).astype(np.int64)[:-1]
+                cum = np.cumsum(q)
+                # cum[-1] may be 1 - 1ulp: then the last open client's cut falls one short of the end
+                # and a closed client (q = 0) after it gets a sample; scaled, that cut is exactly n_c
+                cuts = (cum / cum[-1] * len(members)).astype(np.int64)[:-1]
                 for k, piece in enumerate(np.split(members, cuts)):
                     parts[k].append(piece)
                     sizes[k] += len(piece)
@@ -146,6 +150,39 @@ class DirichletPartitioner(Partitioner):
             f"Dirichlet partition (alpha={self.alpha}) found no draw giving every one of {num_clients} clients "
             f"min_size={self.min_size} samples in {self.max_attempts} attempts; raise alpha or lower min_size"
         )
+
+
+@register_partitioner("dirichlet_equal")
+class EqualDirichletPartitioner(Partitioner):
+    """Equal client sizes with Dirichlet class mixes (the DisPFL and DA-DPFL authors' code).
+
+    Every client gets ``floor`` or ``ceil(N / K)`` samples. In a random client order, each client
+    draws class proportions ``p ~ Dir(alpha * 1_C)`` and takes its size in proportion to ``p``
+    (largest-remainder rounding) from the samples still unassigned; a class that runs out passes
+    its share to the client's other classes. Smaller ``alpha`` gives more skewed clients.
+    """
+
+    def __init__(self, alpha: float) -> None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 < alpha < math.inf):
+            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+        self.alpha = float(alpha)
+
+    def __repr__(self) -> str:
+        return f"EqualDirichletPartitioner(alpha={self.alpha})"
+
+    def _partition(self, labels, num_clients, rng):
+        classes = np.unique(labels)
+        pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+        taken = np.zeros(len(classes), dtype=np.int64)
+        sizes = _largest_remainder(np.ones(num_clients), len(labels))
+        parts: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * num_clients
+        for client in rng.permutation(num_clients):
+            mix = rng.dirichlet(np.full(len(classes), self.alpha))
+            capacity = np.array([len(p) for p in pools]) - taken
+            counts = allocate_counts(mix + 1e-12, int(sizes[client]), capacity=capacity)
+            parts[client] = np.concatenate([pools[c][taken[c]:taken[c] + n] for c, n in enumerate(counts)])
+            taken += counts
+        return parts
 
 
 @register_partitioner("pathological")
@@ -238,7 +275,8 @@ def personal_test_indices(
     """A client's test set: ``num_samples`` indices into the test split (DisPFL App. B.1).
 
     Per class, ``allocate_counts(train_label_counts, num_samples, capacity=test class sizes)``
-    samples drawn without replacement from that class's test samples; sorted.
+    samples drawn without replacement from that class's test samples; sorted. Each client
+    draws on its own, so two clients' test sets may share samples (as in the DisPFL code).
     """
     test_labels = np.asarray(test_labels)
     counts = np.asarray(train_label_counts)

@@ -50,6 +50,9 @@ class BatchAugment:
     offset ``(dy, dx)`` in ``[0, 2p]^2``; then it is mirrored with probability 1/2. Draws, in
     order, from ``generator``: ``dy`` and ``dx`` for the batch (when ``p > 0``), then the flip
     mask (when flipping). Works on ``uint8`` or float tensors, returns the same dtype.
+
+    ``augment(x, g)`` equals ``augment.crop_flip(augment.pad(x), arange(B), g)``; the two steps
+    let a caller pad a whole data set once (with any per-channel fill) and cut batches from it.
     """
 
     def __init__(self, random_crop_padding: int = 0, horizontal_flip: bool = False) -> None:
@@ -65,25 +68,48 @@ class BatchAugment:
     def __repr__(self) -> str:
         return f"BatchAugment(random_crop_padding={self.random_crop_padding}, horizontal_flip={self.horizontal_flip})"
 
+    def pad(self, x: Tensor, fill: Tensor | None = None) -> Tensor:
+        """``[N, C, H, W]`` images padded by ``p`` on every side with zeros, or with ``fill`` (``[C, 1, 1]``)."""
+        p = self.random_crop_padding
+        if p == 0:
+            return x
+        if fill is None:
+            return F.pad(x, (p, p, p, p))
+        out = torch.empty((*x.shape[:-2], x.shape[-2] + 2 * p, x.shape[-1] + 2 * p), dtype=x.dtype, device=x.device)
+        out.copy_(fill.to(x.dtype).expand_as(out))
+        out[..., p:-p, p:-p] = x
+        return out
+
+    def crop_flip(self, padded: Tensor, index: Tensor, generator: torch.Generator) -> Tensor:
+        """The augmented samples ``index`` (int64 ``[B]``) of ``[N, C, H + 2p, W + 2p]`` images padded by :meth:`pad`.
+
+        One gather per batch: the crop windows are a view of ``padded`` indexed per sample, and
+        only the flipped samples are copied again. A new ``[B, C, H, W]`` tensor.
+        """
+        p = self.random_crop_padding
+        batch = index.shape[0]
+        if p > 0:
+            dy = torch.randint(0, 2 * p + 1, (batch,), generator=generator, device=generator.device).to(padded.device)
+            dx = torch.randint(0, 2 * p + 1, (batch,), generator=generator, device=generator.device).to(padded.device)
+            # [N, C, 2p + 1, 2p + 1, H, W]: every window of every image, without a copy
+            windows = padded.unfold(2, padded.shape[2] - 2 * p, 1).unfold(3, padded.shape[3] - 2 * p, 1)
+            x = windows[index, :, dy, dx]
+        else:
+            x = padded.index_select(0, index)
+        if self.horizontal_flip:
+            flip = torch.rand(batch, generator=generator, device=generator.device) < 0.5
+            rows = flip.nonzero().squeeze(1).to(x.device)
+            x.index_copy_(0, rows, x.index_select(0, rows).flip(-1))
+        return x
+
     def __call__(self, x: Tensor, generator: torch.Generator) -> Tensor:
         if x.ndim != 4:
             raise ValueError(f"expected a [B, C, H, W] batch, got shape {tuple(x.shape)}")
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        batch, _, height, width = x.shape
-        p = self.random_crop_padding
-        if p > 0:
-            dy = torch.randint(0, 2 * p + 1, (batch,), generator=generator, device=generator.device).to(x.device)
-            dx = torch.randint(0, 2 * p + 1, (batch,), generator=generator, device=generator.device).to(x.device)
-            padded = F.pad(x, (p, p, p, p)).flatten(2)  # [B, C, (H + 2p) (W + 2p)]
-            rows = dy[:, None] + torch.arange(height, device=x.device)  # [B, H]
-            cols = dx[:, None] + torch.arange(width, device=x.device)  # [B, W]
-            flat = (rows[:, :, None] * (width + 2 * p) + cols[:, None, :]).reshape(batch, 1, height * width)
-            x = padded.gather(2, flat.expand(-1, x.shape[1], -1)).reshape(x.shape)
-        if self.horizontal_flip:
-            flip = torch.rand(batch, generator=generator, device=generator.device) < 0.5
-            x = torch.where(flip.to(x.device)[:, None, None, None], x.flip(-1), x)
-        return x
+        if not self.enabled:
+            return x
+        return self.crop_flip(self.pad(x), torch.arange(x.shape[0], device=x.device), generator)
 
 
 class Normalize:

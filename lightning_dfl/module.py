@@ -12,11 +12,9 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_dfl.models import available_models, build_model
 from lightning_dfl.models import model_options as builder_options
-from lightning_dfl.sparse.erk import initial_masks
+from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.flops import FlopsProfile, profile_flops
 from lightning_dfl.sparse.masks import Masks, ModelMask, maskable_parameters
-
-DISTRIBUTIONS = ("erk", "uniform")
 
 
 #: name parts of the 1x1 shortcut convolutions of ResNets

@@ -343,6 +343,20 @@ def test_image_folder_sorted_classes_and_labels(tmp_path):
     assert load_image_folder(tmp_path, image_size=4).input_shape == (3, 4, 4)
 
 
+def test_sixteen_bit_png_is_scaled_not_wrapped(tmp_path):
+    from PIL import Image
+
+    _write_image_folder(tmp_path, classes=("ant",), per_class=(0, 1), size=(2, 4))
+    values = np.array([[0, 255, 256, 511], [4096, 32768, 65280, 65535]], dtype=np.uint16)
+    (tmp_path / "train" / "ant").mkdir(parents=True)
+    Image.fromarray(values).save(tmp_path / "train" / "ant" / "deep.png")  # 16-bit grayscale
+    images = load_image_folder(tmp_path).train.images
+    assert images.dtype == torch.uint8 and images.shape == (1, 3, 2, 4)
+    # scaled to 8 bits (value >> 8), gray replicated to RGB; wrapping modulo 256 would give 0, 255, 0, 255, ...
+    assert images[0, 0].tolist() == [[0, 0, 1, 1], [16, 128, 255, 255]]
+    assert torch.equal(images[0, 0], images[0, 2])
+
+
 def test_image_folder_errors(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         load_image_folder(tmp_path / "absent")

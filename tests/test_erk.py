@@ -144,6 +144,9 @@ def test_other_errors():
         erk_densities({}, 0.5)
     with pytest.raises(ValueError, match="erk_power_scale must be >= 0, got -1"):
         erk_densities({"a": (3, 3)}, 0.5, erk_power_scale=-1)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"erk_power_scale must be >= 0, got {bad}"):
+            erk_densities({"a": (3, 3)}, 0.5, erk_power_scale=bad)
     with pytest.raises(ValueError, match=r"missing \['b'\], unknown \['c'\]"):
         random_masks({"a": (3,), "b": (3,)}, {"a": 0.5, "c": 0.5}, gen)
     with pytest.raises(ValueError, match=r"in \[0, 1\], got \{'a': 1.2\}"):

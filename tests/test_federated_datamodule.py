@@ -51,6 +51,22 @@ def test_flip_is_per_sample_and_seeded():
         BatchAugment(random_crop_padding=-1)
 
 
+def test_pad_with_a_per_channel_fill_and_crop_from_the_padded_source():
+    x = torch.tensor([[[[1.0, 2.0]], [[3.0, 4.0]]]])  # [1, 2, 1, 2]
+    aug = BatchAugment(random_crop_padding=1, horizontal_flip=True)
+    padded = aug.pad(x, fill=torch.tensor([-1.0, -2.0])[:, None, None])
+    assert torch.equal(padded[0, 0], torch.tensor([[-1.0, -1, -1, -1], [-1, 1, 2, -1], [-1, -1, -1, -1]]))
+    assert torch.equal(padded[0, 1], torch.tensor([[-2.0, -2, -2, -2], [-2, 3, 4, -2], [-2, -2, -2, -2]]))
+    assert torch.equal(aug.pad(x), torch.nn.functional.pad(x, (1, 1, 1, 1)))  # no fill: zeros
+    # cutting from a padded source replays __call__ draw for draw
+    batch = torch.rand(64, 3, 5, 6)
+    whole = aug(batch, torch.Generator().manual_seed(4))
+    index = torch.tensor([5, 0, 63, 5])
+    part = aug.crop_flip(aug.pad(batch[index]), torch.arange(4), torch.Generator().manual_seed(4))
+    assert torch.equal(part, aug(batch[index], torch.Generator().manual_seed(4)))
+    assert torch.equal(aug.crop_flip(aug.pad(batch), torch.arange(64), torch.Generator().manual_seed(4)), whole)
+
+
 def test_normalize_and_float_conversion_hand_values():
     x = torch.tensor([[[[0, 255]], [[51, 102]]]], dtype=torch.uint8)  # [1, 2, 1, 2]
     assert torch.allclose(to_float(x), torch.tensor([[[[0.0, 1.0]], [[0.2, 0.4]]]]))
@@ -131,6 +147,27 @@ def test_train_batches_are_determined_by_the_generator(digits):
     assert not all(torch.equal(ya, yc) for (_, ya), (_, yc) in zip(a, c))
 
 
+def test_augmented_batches_are_normalize_of_augment_draw_for_draw():
+    # TensorBatches normalises and pads once, then cuts batches: it must equal augmenting each
+    # uint8 batch (zero padding) and normalising it, with the documented draw order
+    dm = FederatedDataModule(dataset="digits", augment=True, test_samples_per_client=10, batch_size=50)
+    k = 1
+    got = list(dm.client_train_batches(k, torch.Generator().manual_seed(9)))
+    images = dm.split.train.images[dm.client_train_indices(k)]
+    labels = dm.split.train.labels[dm.client_train_indices(k)]
+    g = torch.Generator().manual_seed(9)
+    order = torch.randperm(len(labels), generator=g)
+    expected = [
+        (dm.normalizer(dm.batch_augment(images[idx], g)), labels[idx]) for idx in order.split(dm.batch_size)
+    ]
+    assert len(got) == len(expected) > 1
+    for (x, y), (ex, ey) in zip(got, expected):
+        assert x.dtype == torch.float32 and x.is_contiguous()
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    border = torch.cat([x[:, :, 0, :] for x, _ in got])  # padding reaches the top row of many crops
+    assert bool((border == dm.normalizer(torch.zeros(1, 1, 1, 1, dtype=torch.uint8))).any())
+
+
 def test_augmentation_default_and_override():
     assert FederatedDataModule(dataset="cifar10").batch_augment.random_crop_padding == 4
     assert FederatedDataModule(dataset="ham10000").batch_augment.horizontal_flip
@@ -153,6 +190,18 @@ def test_test_batches_are_fixed_and_on_the_requested_device(digits):
     assert torch.equal(y1, expected_y)
     x, _ = next(iter(digits.client_train_batches(2, torch.Generator().manual_seed(0), device="cpu")))
     assert x.device.type == "cpu"
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_batches_are_cut_on_the_given_device_with_draws_from_a_cpu_generator(augment):
+    # "meta" stands in for an accelerator (no GPU here): every batch must land on it, and in-place
+    # ops between a CPU and a meta tensor (e.g. the flip's index_copy_) raise a device mismatch
+    dm = FederatedDataModule(augment=augment, test_samples_per_client=10, batch_size=100)
+    train = list(dm.client_train_batches(0, torch.Generator().manual_seed(0), device="meta"))
+    test = list(dm.client_test_batches(0, device="meta"))
+    assert len(train) == math.ceil(dm.client_train_size(0) / 100) and len(test) == 1
+    for x, y in train + test:
+        assert x.device.type == y.device.type == "meta" and x.dtype == torch.float32 and x.shape[1:] == (1, 8, 8)
 
 
 def test_same_seed_same_partition_other_seed_differs():
@@ -187,7 +236,7 @@ def test_short_test_pools_warn():
     "kwargs,match",
     [
         ({"dataset": "imagenet"}, "unknown dataset 'imagenet'; allowed: .*digits"),
-        ({"partition": "exdir"}, "unknown partition 'exdir'; allowed: dirichlet, iid, pathological"),
+        ({"partition": "exdir"}, "unknown partition 'exdir'; allowed: dirichlet, dirichlet_equal, iid, pathological"),
         ({"num_clients": 0}, "num_clients must be an integer >= 1, got 0"),
         ({"alpha": 0.0}, "alpha must be a finite number > 0, got 0.0"),
         ({"alpha": -1}, "alpha must be a finite number > 0, got -1"),
@@ -217,6 +266,13 @@ def test_data_dependent_checks_fail_in_setup(tmp_path):
         FederatedDataModule(dataset="cifar10", root=str(tmp_path)).setup()
     with pytest.raises(IndexError, match=r"client index must be in \[0, 10\), got 10"):
         FederatedDataModule(test_samples_per_client=10).client_train_size(10)
+
+
+def test_a_client_without_training_samples_fails_in_setup():
+    # alpha -> 0 hands each class almost whole to one client: with min_size=0 most of 30 clients get nothing
+    dm = FederatedDataModule(num_clients=30, alpha=0.01, min_size=0, test_samples_per_client=10)
+    with pytest.raises(ValueError, match=r"of 30 clients \(first: client \d+\) received no training samples.*min_size"):
+        dm.setup()
 
 
 def test_image_size_resizes_digits():

@@ -90,6 +90,17 @@ def test_equal_quota_rule_stops_clients_at_n_over_k():
         assert max(sizes) <= 199 and sum(sizes) == 1000
 
 
+@pytest.mark.parametrize("alpha", [0.1, 0.3, 0.5, 1.0])
+def test_dirichlet_gives_nothing_more_to_a_client_at_its_quota(alpha):
+    # Classes are handed out in label order; a client already holding >= N/K samples when class c
+    # comes up must get none of it, also when float rounding leaves cumsum(q)[-1] just below 1
+    for seed in range(20):
+        parts = DirichletPartitioner(alpha, min_size=1)(LABELS, 10, seed)
+        counts = np.stack([np.bincount(LABELS[p], minlength=10) for p in parts])  # [client, class]
+        before = np.cumsum(counts, axis=1) - counts  # what each client held when each class came up
+        assert not np.any((before >= len(LABELS) / 10) & (counts > 0)), f"seed {seed}"
+
+
 def test_dirichlet_errors_name_the_values():
     for bad in (0, -0.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match=f"alpha must be a finite number > 0, got {bad!r}"):
@@ -200,3 +211,22 @@ def test_personal_test_set_follows_train_proportions_without_replacement():
     same = personal_test_indices([105, 4, 24, 6], test_labels, 100, np.random.default_rng(0))
     assert np.array_equal(idx, same)
     assert personal_test_indices([0, 0, 0, 0], test_labels, 100, rng).size == 0
+
+
+def test_equal_dirichlet_gives_equal_sizes_disjoint_and_skewed():
+    from lightning_dfl.datamodules import EqualDirichletPartitioner
+
+    labels = np.repeat(np.arange(10), 100)
+    parts = EqualDirichletPartitioner(alpha=0.1)(labels, 7, seed=3)
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 1000
+    flat = np.concatenate(parts)
+    assert len(np.unique(flat)) == len(flat) == 1000
+    top_share = np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])
+    iid_share = np.mean([np.bincount(labels[p], minlength=10).max() / len(p)
+                         for p in EqualDirichletPartitioner(alpha=1000.0)(labels, 7, seed=3)])
+    assert top_share > iid_share + 0.2
+    again = EqualDirichletPartitioner(alpha=0.1)(labels, 7, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    with pytest.raises(ValueError, match="alpha"):
+        EqualDirichletPartitioner(alpha=0.0)

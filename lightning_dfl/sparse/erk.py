@@ -46,8 +46,8 @@ def erk_densities(shapes: Mapping[str, Shape], density: float,
     ``density * sum(numel_l)``.
     """
     _check_density(density)
-    if erk_power_scale < 0:
-        raise ValueError(f"erk_power_scale must be >= 0, got {erk_power_scale!r}")
+    if not 0 <= erk_power_scale < math.inf:
+        raise ValueError(f"erk_power_scale must be >= 0, got {erk_power_scale!r} (allowed: finite values >= 0)")
     numels = _numels(shapes)
     if density == 1.0:
         return {name: 1.0 for name in shapes}
