@@ -88,4 +88,4 @@ def test_client_store_slots_keep_start_of_round_snapshots():
     store.end_round()
     assert torch.equal(store.published(0)[0]["w"], torch.tensor([5.0, 0.0, 6.0]))
     weights, masks = store.gather([(0, False), (1, False)])
-    assert weights["w"].shape == (2, 3) and masks["w"].dtype == torch.bool
+    assert len(weights["w"]) == 2 and weights["w"][0].shape == (3,) and masks["w"][1].dtype == torch.bool

@@ -10,12 +10,12 @@ from torch import Tensor
 
 @torch.no_grad()
 def masked_average(
-    weights: Mapping[str, Tensor],
-    masks: Mapping[str, Tensor],
+    weights: Mapping[str, Tensor | Sequence[Tensor]],
+    masks: Mapping[str, Tensor | Sequence[Tensor]],
     receiver_mask: Mapping[str, Tensor] | None = None,
     coefficients: Sequence[float] | Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """Element-wise average of stacked models over the nodes that hold each weight.
+    """Element-wise average of several models over the nodes that hold each weight.
 
     For a masked parameter (DA-DPFL Eq. 7 with coefficients ``a_j``, all 1 by default)::
 
@@ -26,37 +26,45 @@ def masked_average(
     and ``a_j`` = sample counts this is FedAvg; with dense masks and equal ``a_j``, D-PSGD.
 
     Args:
-        weights: name -> tensor of shape ``(S, *shape)``, one row per source.
-        masks: name -> boolean ``(S, *shape)`` for the masked names.
+        weights: name -> the sources' tensors, stacked ``(S, *shape)`` or a sequence of ``S``.
+        masks: name -> the sources' boolean masks, likewise, for the masked names.
         receiver_mask: name -> boolean ``shape``: the receiver's current mask (omitted: no masking).
         coefficients: ``S`` non-negative weights of the sources.
+
+    The sums accumulate source by source, so no ``(S, *shape)`` copy is made.
     """
     first = next(iter(weights.values()))
-    num_sources = first.shape[0]
+    num_sources = len(first)
     if coefficients is None:
-        coef = torch.ones(num_sources, dtype=torch.float32, device=first.device)
+        coef = None
     else:
-        coef = torch.as_tensor(coefficients, dtype=torch.float32, device=first.device)
-        if coef.shape != (num_sources,) or bool((coef < 0).any()) or float(coef.sum()) <= 0:
+        coef = [float(c) for c in torch.as_tensor(coefficients, dtype=torch.float64).reshape(-1)]
+        if len(coef) != num_sources or any(c < 0 for c in coef) or sum(coef) <= 0:
             raise ValueError(f"coefficients must be {num_sources} non-negative numbers with a positive sum, "
-                             f"got {coef.tolist()}")
-    uniform = coefficients is None
+                             f"got {coef}")
     out: dict[str, Tensor] = {}
-    for name, stacked in weights.items():
-        if not stacked.is_floating_point():
-            out[name] = stacked[0].clone()
+    for name, sources in weights.items():
+        if not sources[0].is_floating_point():
+            out[name] = sources[0].clone()
             continue
-        c = coef.to(stacked.dtype).view(-1, *([1] * (stacked.dim() - 1)))
-        numerator = stacked.sum(dim=0) if uniform else (stacked * c).sum(dim=0)
+        numerator = _weighted_sum(sources, coef)
         if name in masks:
-            if uniform:
-                denominator = masks[name].sum(dim=0, dtype=stacked.dtype)
-            else:
-                denominator = (masks[name].to(stacked.dtype) * c).sum(dim=0)
+            denominator = _weighted_sum(masks[name], coef, dtype=numerator.dtype)
             averaged = numerator.div_(denominator.clamp_min_(1e-12))  # 0 where nobody holds the weight
             if receiver_mask is not None:
                 averaged.mul_(receiver_mask[name])
         else:
-            averaged = numerator.div_(float(coef.sum()))
+            averaged = numerator.div_(num_sources if coef is None else sum(coef))
         out[name] = averaged
     return out
+
+
+def _weighted_sum(tensors: Tensor | Sequence[Tensor], coef: list[float] | None,
+                  dtype: torch.dtype | None = None) -> Tensor:
+    total = torch.zeros(tensors[0].shape, dtype=dtype or tensors[0].dtype, device=tensors[0].device)
+    for j, t in enumerate(tensors):
+        if coef is None:
+            total.add_(t)
+        elif coef[j]:
+            total.add_(t, alpha=coef[j])
+    return total

@@ -129,12 +129,11 @@ class ClientStore:
         return ({n: self.weights[n][slot, node] for n in self.names},
                 {n: self.published_masks[n][slot, node] for n in self.masked_names})
 
-    def gather(self, sources: list[tuple[int, bool]]) -> tuple[dict[str, Tensor], Masks]:
-        """Stacked weights and published masks of several ``(node, fresh)`` sources."""
-        slots = torch.tensor([self._slot(node, fresh) for node, fresh in sources], device=self.device)
-        nodes = torch.tensor([node for node, _ in sources], device=self.device)
-        return ({n: t[slots, nodes] for n, t in self.weights.items()},
-                {n: t[slots, nodes] for n, t in self.published_masks.items()})
+    def gather(self, sources: list[tuple[int, bool]]) -> tuple[dict[str, list[Tensor]], dict[str, list[Tensor]]]:
+        """Views of several ``(node, fresh)`` sources' weights and published masks, by name."""
+        slots = [(self._slot(node, fresh), node) for node, fresh in sources]
+        return ({n: [t[s, k] for s, k in slots] for n, t in self.weights.items()},
+                {n: [t[s, k] for s, k in slots] for n, t in self.published_masks.items()})
 
     def active_values(self, node: int, fresh: bool = False) -> int:
         """Values a node's published model sends: active masked entries plus all unmasked entries."""

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dfl.sparse.masks import ModelMask, Masks
-from lightning_dfl.sparse.select import largest_k, smallest_k
+from lightning_dfl.sparse.select import largest_k_mask, smallest_k_mask
 
 #: Regrowth criteria: ``"gradient"`` (RigL, by |dense gradient|) or ``"random"`` (SET-like).
 REGROWTH_MODES = ("gradient", "random")
@@ -68,25 +68,27 @@ def _check_drop_fraction(drop_fraction: float) -> None:
 
 def _layer_update(weight: Tensor, mask: Tensor, k: int, score: Tensor | None,
                   generator: torch.Generator | None) -> Tensor:
-    """Drop ``k`` smallest-|w| active entries, regrow ``k`` inactive ones (by score, else random)."""
-    flat = mask.reshape(-1).clone()
-    if k == 0:
-        return flat.view_as(mask)
-    active = flat.nonzero().squeeze(1)  # ascending flat index
-    magnitude = torch.nan_to_num(weight.detach().reshape(-1).to(flat.device)[active].abs(), nan=0.0)
-    dropped = active[smallest_k(magnitude, k)]
-    flat[dropped] = False
+    """Drop ``k`` smallest-|w| active entries, regrow ``k`` inactive ones (by score, else random).
 
-    candidates = (~flat).nonzero().squeeze(1)  # includes the just-dropped entries
+    Works on whole layers with sentinels (inactive entries rank last for dropping, kept ones last
+    for regrowth) instead of gathering index lists: a few linear passes per layer.
+    """
+    flat = mask.reshape(-1)
+    if k == 0 or bool(flat.all()):  # a dense layer regrows exactly what it dropped
+        return flat.clone().view_as(mask)
+    magnitude = torch.nan_to_num(weight.detach().reshape(-1).to(flat.device).abs(), nan=0.0)
+    dropped = smallest_k_mask(magnitude.masked_fill(~flat, math.inf), k)
+    kept = flat & ~dropped
     if score is not None:
-        ranked = torch.nan_to_num(score.detach().reshape(-1).to(flat.device)[candidates].abs(), nan=0.0)
-        grown = candidates[largest_k(ranked, k)]
+        ranked = torch.nan_to_num(score.detach().reshape(-1).to(flat.device).abs(), nan=0.0)
+        grown = largest_k_mask(ranked.masked_fill(kept, -math.inf), k)
     else:
+        candidates = (~kept).nonzero().squeeze(1)  # includes the just-dropped entries
         device = generator.device if generator is not None else torch.device("cpu")
         pick = torch.randperm(candidates.numel(), generator=generator, device=device)[:k]
-        grown = candidates[pick.to(flat.device)]
-    flat[grown] = True
-    return flat.view_as(mask)
+        grown = torch.zeros_like(kept)
+        grown[candidates[pick.to(flat.device)]] = True
+    return (kept | grown).view_as(mask)
 
 
 def rigl_masks(

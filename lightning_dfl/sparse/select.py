@@ -2,30 +2,47 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 
-def smallest_k(values: Tensor, k: int) -> Tensor:
-    """Positions of the ``k`` smallest entries of a 1-D tensor, as a stable ascending sort would
-    pick them (among equal values the lower position first), without sorting everything.
-
-    Returns the positions in ascending order of position.
-    """
+def smallest_k_mask(values: Tensor, k: int) -> Tensor:
+    """A boolean mask of the ``k`` smallest entries of a 1-D tensor, as a stable ascending sort
+    would pick them (among equal values the lower position first), without sorting everything."""
     n = values.numel()
     if k <= 0:
-        return torch.empty(0, dtype=torch.long, device=values.device)
+        return torch.zeros(n, dtype=torch.bool, device=values.device)
     if k >= n:
-        return torch.arange(n, device=values.device)
-    threshold = torch.kthvalue(values.cpu() if values.device.type == "mps" else values, k).values
-    below = values < threshold
-    taken = int(below.sum())
-    ties = (values == threshold).nonzero().squeeze(1)[: k - taken]
-    chosen = below.clone()
-    chosen[ties] = True
-    return chosen.nonzero().squeeze(1)
+        return torch.ones(n, dtype=torch.bool, device=values.device)
+    threshold = _kth_smallest(values, k)
+    chosen = values < threshold
+    need = k - int(chosen.sum())
+    if need:
+        ties = values == threshold
+        if int(ties.sum()) > need:  # keep the first `need` ties by position
+            ties &= ties.cumsum(0) <= need
+        chosen |= ties
+    return chosen
+
+
+def _kth_smallest(values: Tensor, k: int) -> Tensor:
+    """The k-th smallest value (1-based); NumPy's introselect is several times faster on a CPU."""
+    if values.device.type == "cpu":
+        return torch.as_tensor(np.partition(values.detach().numpy(), k - 1)[k - 1], dtype=values.dtype)
+    return torch.kthvalue(values, k).values
+
+
+def smallest_k(values: Tensor, k: int) -> Tensor:
+    """Positions (ascending) of the ``k`` smallest entries; see :func:`smallest_k_mask`."""
+    return smallest_k_mask(values, k).nonzero().squeeze(1)
+
+
+def largest_k_mask(values: Tensor, k: int) -> Tensor:
+    """A boolean mask of the ``k`` largest entries (among equal values the lower position first)."""
+    return smallest_k_mask(-values, k)
 
 
 def largest_k(values: Tensor, k: int) -> Tensor:
-    """Positions of the ``k`` largest entries (among equal values the lower position first)."""
-    return smallest_k(-values, k)
+    """Positions (ascending) of the ``k`` largest entries; see :func:`largest_k_mask`."""
+    return largest_k_mask(values, k).nonzero().squeeze(1)

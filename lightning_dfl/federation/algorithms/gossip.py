@@ -61,6 +61,7 @@ class DPSGD(GossipAlgorithm):
     model, tested on every client, is the average of all clients' models."""
 
     name = "dpsgd"
+    headline = "consensus"
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         return parallel_plan(ctx, self.neighbors(ctx))
