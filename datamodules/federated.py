@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from .datasets import DATASETS, Split, load_dataset
+from .datasets import DATASETS, ImageData, Split, load_dataset
 from .partition import PARTITIONERS, _check_int, allocate_counts, build_partitioner, personal_test_indices
 from .transforms import BatchAugment, Normalize
 
@@ -153,6 +153,8 @@ class FederatedDataModule(L.LightningDataModule):
         image_size: resize images to ``image_size x image_size`` (``None``: the data set's size).
         seed: seeds the partition and the personal test sets.
         download: let torchvision download mnist/cifar10/cifar100/svhn (needs network access).
+        max_train_samples: if set, a stratified, seeded subset of this many training samples is
+            partitioned instead of the whole training split (quick runs on large data sets).
     """
 
     def __init__(
@@ -171,6 +173,7 @@ class FederatedDataModule(L.LightningDataModule):
         image_size: int | None = None,
         seed: int = 0,
         download: bool = False,
+        max_train_samples: int | None = None,
     ) -> None:
         super().__init__()
         if dataset not in DATASETS:
@@ -202,6 +205,9 @@ class FederatedDataModule(L.LightningDataModule):
         self.dataset, self.root, self.num_clients = dataset, root, num_clients
         self.partition, self.alpha, self.classes_per_client = partition, float(alpha), classes_per_client
         self.min_size, self.test_samples_per_client = min_size, test_samples_per_client
+        if max_train_samples is not None:
+            _check_int("max_train_samples", max_train_samples, num_clients)
+        self.max_train_samples = max_train_samples
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.augment = dataset not in NO_AUGMENT_BY_DEFAULT if augment is None else augment
         self.image_size_override, self.seed, self.download = image_size, seed, download
@@ -228,6 +234,8 @@ class FederatedDataModule(L.LightningDataModule):
         if self.image_size_override is not None:
             kwargs["image_size"] = self.image_size_override
         split = load_dataset(self.dataset, self.root, **kwargs)
+        if self.max_train_samples is not None and self.max_train_samples < len(split.train):
+            split = Split(train=self._stratified_subset(split.train), test=split.test)
         if self.partition == "pathological" and self.classes_per_client > split.num_classes:
             raise ValueError(
                 f"classes_per_client={self.classes_per_client} exceeds the {split.num_classes} classes of "
@@ -255,6 +263,16 @@ class FederatedDataModule(L.LightningDataModule):
         self._label_counts = counts
         self.normalizer = Normalize.from_images(split.train.images)
         self._split = split
+
+    def _stratified_subset(self, data: ImageData) -> ImageData:
+        """``max_train_samples`` samples with the training split's class proportions (seeded)."""
+        from sklearn.model_selection import train_test_split
+
+        labels = data.labels.numpy()
+        keep, _ = train_test_split(np.arange(len(labels)), train_size=self.max_train_samples,
+                                   stratify=labels, random_state=self.seed)
+        idx = torch.from_numpy(np.sort(keep))
+        return ImageData(data.images.index_select(0, idx), data.labels.index_select(0, idx), data.classes)
 
     def _warn_if_skewed(self, counts, tests, test_labels, split: Split) -> None:
         """Warn when the test split holds too few samples of a class to follow a client's proportions."""
@@ -413,7 +431,7 @@ class FederatedDataModule(L.LightningDataModule):
 
     def _identity(self) -> dict[str, Any]:
         keys = ("dataset", "num_clients", "partition", "alpha", "classes_per_client", "min_size",
-                "test_samples_per_client", "image_size", "seed")
+                "test_samples_per_client", "image_size", "seed", "max_train_samples")
         return {key: self.hparams[key] for key in keys}
 
     def state_dict(self) -> dict[str, Any]:

@@ -319,3 +319,19 @@ def test_plain_trainer_uses_the_lightning_hooks():
     assert len(dm.train_dataloader()) == math.ceil(1347 / 64)
     assert sum(len(y) for _, y in dm.val_dataloader()) == 450
     assert trainer.callback_metrics["val_acc"] > 0.8  # a linear model learns digits in three epochs
+
+
+def test_max_train_samples_takes_a_stratified_seeded_subset():
+    dm = FederatedDataModule(dataset="digits", num_clients=4, partition="iid", max_train_samples=400, seed=1)
+    dm.setup()
+    assert sum(dm.client_train_size(k) for k in range(4)) == 400
+    full = FederatedDataModule(dataset="digits", num_clients=4, partition="iid")
+    full.setup()
+    share = np.bincount(dm.split.train.labels.numpy(), minlength=10) / 400
+    full_share = np.bincount(full.split.train.labels.numpy(), minlength=10) / len(full.split.train)
+    assert np.abs(share - full_share).max() < 0.01
+    again = FederatedDataModule(dataset="digits", num_clients=4, partition="iid", max_train_samples=400, seed=1)
+    again.setup()
+    assert torch.equal(again.split.train.labels, dm.split.train.labels)
+    with pytest.raises(ValueError, match="max_train_samples"):
+        FederatedDataModule(dataset="digits", num_clients=4, max_train_samples=2)
