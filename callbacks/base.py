@@ -11,7 +11,8 @@ duck-typed so that callbacks never import the federation:
 - ``trainer.train_dataloader``: the current client's training batches ``(x, y)``;
 - ``trainer.logger`` / ``trainer.log_metrics(dict)`` for per-round metrics.
 
-Order within one client's task: ``on_client_before_aggregation`` -> aggregation -> local
+A run calls ``setup``, ``on_fit_start`` and ``on_train_start`` once, then the rounds, then
+``on_train_end``, ``on_fit_end`` and ``teardown``. Order within one client's task: ``on_client_before_aggregation`` -> aggregation -> local
 epochs (usual batch hooks) -> ``on_client_train_end`` (may change the model the client
 publishes: pruning-time detection, PQI pruning) -> the model and its mask are published ->
 ``on_client_end`` (may change the mask for the next round: RigL).

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
 
         CLI(SUBCOMMANDS[args[0]], args=args[1:])
         return
-    FederatedCLI(args=args)
+    FederatedCLI(args=None if argv is None else args)
 
 
 if __name__ == "__main__":

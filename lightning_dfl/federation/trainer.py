@@ -243,6 +243,8 @@ class FederatedTrainer:
     def fit(self, model: SparseClassifier, datamodule: FederatedDataModule) -> RunSummary:
         """Run all rounds; return (and print) the run's summary."""
         self._setup(model, datamodule)
+        self._call("on_fit_start")
+        self._call("on_train_start")
         start = time.perf_counter()
         with progress_bar(self.rounds, enabled=self.enable_progress_bar and self.is_global_zero) as advance:
             for round_idx in range(self.rounds):
@@ -250,6 +252,8 @@ class FederatedTrainer:
                 advance(metrics)
         self.summary = RunSummary.from_history(self.algorithm, self.history, time.perf_counter() - start,
                                                self.log_dir)
+        self._call("on_train_end")
+        self._call("on_fit_end")
         if self.logger is not None:
             self.logger.finalize("success")
         for callback in self.callbacks:
