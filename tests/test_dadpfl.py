@@ -81,3 +81,17 @@ def test_a_user_callback_takes_the_default_ones_place():
     trainer = FederatedTrainer(algorithm=DADPFL(num_neighbors=2, max_wait=1), callbacks=[mine], logger=False)
     assert [type(c) for c in trainer.callbacks] == [PruningTimeVoting, PQIPruning, RigL]
     assert trainer.callbacks[1] is mine
+
+
+def test_client_speeds_drive_the_simulated_clock():
+    dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=64, test_samples_per_client=20)
+    model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05)
+    algo = DADPFL(topology="full", max_wait=3)
+    trainer = FederatedTrainer(algorithm=algo, rounds=1, local_epochs=1, logger=False, accelerator="cpu",
+                               enable_progress_bar=False, client_speeds=[1.0, 2.0, 4.0, 0.5])
+    trainer.fit(model, dm)
+    # sequential: the round lasts the sum of all task durations
+    assert trainer.history[0]["time/duration"] == pytest.approx(1.0 + 0.5 + 0.25 + 2.0)
+    with pytest.raises(ValueError, match="client_speeds has 2 entries for 4 clients"):
+        FederatedTrainer(algorithm=algo, client_speeds=[1.0, 1.0], logger=False).fit(
+            SparseClassifier(arch="cnn_digits"), dm)

@@ -26,7 +26,7 @@ from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL, RoundContext
-from lightning_dfl.federation.plan import RoundPlan, Source, Task, clock_metrics
+from lightning_dfl.federation.plan import Source, Task, clock_metrics
 from lightning_dfl.federation.report import RunSummary, print_summary, progress_bar
 from lightning_dfl.federation.state import ClientStore
 from lightning_dfl.module import SparseClassifier
@@ -268,8 +268,9 @@ class FederatedTrainer:
         self.current_round = round_idx
         self._extra_metrics: dict[str, float] = {}
         rng = np.random.default_rng(derive_seed(self.seed, "plan", round_idx))
-        durations = tuple(1.0 / s for s in self.client_speeds) if self.client_speeds is not None else None
-        ctx = RoundContext(round_idx, self.rounds, self.num_clients, self.sample_counts, rng, durations)
+        durations = self._durations()
+        ctx = RoundContext(round_idx, self.rounds, self.num_clients, self.sample_counts, rng,
+                           durations[:self.num_clients] if durations is not None else None)
         plan = self.algorithm.plan_round(ctx)
         self._call("on_federated_round_start")
         evaluate = (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
@@ -280,7 +281,7 @@ class FederatedTrainer:
         self.store.end_round()
         self._write_client_rows(accounting.client_rows())
         metrics = accounting.metrics()
-        metrics.update(self._clock(plan))
+        metrics.update({f"time/{k}": v for k, v in clock_metrics(plan, self._durations()).items()})
         if evaluate:
             metrics.update(self._consensus_metrics())
         self._call("on_federated_round_end")
@@ -305,11 +306,11 @@ class FederatedTrainer:
                 writer.writeheader()
             writer.writerows(rows)
 
-    def _clock(self, plan: RoundPlan) -> dict[str, float]:
-        durations = None
-        if self.client_speeds is not None:
-            durations = [1.0 / s for s in self.client_speeds] + [0.0] * self.algorithm.num_servers
-        return {f"time/{k}": v for k, v in clock_metrics(plan, durations).items()}
+    def _durations(self) -> tuple[float, ...] | None:
+        """Simulated task durations per node (1 / speed; servers take no time); ``None``: all 1."""
+        if self.client_speeds is None:
+            return None
+        return tuple(1.0 / s for s in self.client_speeds) + (0.0,) * self.algorithm.num_servers
 
     def _update_best(self, metrics: dict[str, float]) -> None:
         key = "acc/consensus_mean" if self.algorithm.headline == "consensus" else "acc/personal_mean"
