@@ -26,7 +26,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from .datasets import DATASETS, ImageData, Split, load_dataset
-from .partition import PARTITIONERS, _check_int, allocate_counts, build_partitioner, personal_test_indices
+from .partition import (
+    PARTITIONERS,
+    _check_int,
+    allocate_counts,
+    build_partitioner,
+    personal_test_indices,
+)
 from .transforms import BatchAugment, Normalize
 
 __all__ = ["FederatedDataModule", "TensorBatches"]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from lightning_dfl.cost import CostModel, run_cost_curve
 from lightning_dfl.scheduling import format_schedule_table, schedule_table
 

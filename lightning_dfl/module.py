@@ -16,7 +16,6 @@ from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.flops import FlopsProfile, profile_flops
 from lightning_dfl.sparse.masks import Masks, ModelMask, maskable_parameters
 
-
 #: name parts of the 1x1 shortcut convolutions of ResNets
 SHORTCUT_NAMES = ("downsample", "shortcut")
 

@@ -71,7 +71,6 @@ def test_fedavg_server_is_the_sample_weighted_average_of_sampled_clients():
     trainer = _run(FedAvg(clients_per_round=3), rounds=1, density=1.0)
     store, dm = trainer.store, trainer.datamodule
     server = dm.num_clients
-    plan_rng_round = trainer.algorithm.plan_round  # the sampled clients trained and published
     trained = [k for k in range(dm.num_clients) if int(store.slot[k]) == 1]
     assert len(trained) == 3 and int(store.slot[server]) == 1
     weights, masks = store.gather([(k, False) for k in trained])

@@ -32,7 +32,7 @@ def test_build_takes_sizes_and_counts_active_flops():
 def test_same_seed_same_initial_model_and_mask():
     a = SparseClassifier(arch="cnn_digits", num_classes=10, in_channels=1, image_size=8, density=0.5, seed=3)
     b = SparseClassifier(arch="cnn_digits", num_classes=10, in_channels=1, image_size=8, density=0.5, seed=3)
-    for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters()):
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
         assert torch.equal(p, q)
     for n in a.mask.masks:
         assert torch.equal(a.mask.masks[n], b.mask.masks[n])

@@ -1,6 +1,10 @@
 """Federated algorithms: each plans its rounds on the shared engine."""
 
-from lightning_dfl.federation.algorithms.base import Algorithm, GossipAlgorithm, RoundContext
+from lightning_dfl.federation.algorithms.base import (
+    Algorithm,
+    GossipAlgorithm,
+    RoundContext,
+)
 from lightning_dfl.federation.algorithms.dadpfl import DADPFL
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
 from lightning_dfl.federation.algorithms.gossip import DPSGD, DisPFL, Local

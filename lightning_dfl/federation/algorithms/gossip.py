@@ -5,7 +5,11 @@ from __future__ import annotations
 from lightning.pytorch import Callback
 
 from lightning_dfl.callbacks.rigl import RigL
-from lightning_dfl.federation.algorithms.base import Algorithm, GossipAlgorithm, RoundContext
+from lightning_dfl.federation.algorithms.base import (
+    Algorithm,
+    GossipAlgorithm,
+    RoundContext,
+)
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
 
 REGROWTH_MODES = ("gradient", "random")
