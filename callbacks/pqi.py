@@ -33,6 +33,7 @@ from lightning_dfl.sparse.pqi import (
     prune_budget,
 )
 
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

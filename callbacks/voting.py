@@ -12,7 +12,8 @@ The pure rules live in :mod:`lightning_dfl.scheduling`; this callback feeds them
 
 Round numbering: the papers count rounds ``t = 1..T``; the engine counts ``round_idx = t - 1``
 from 0. ``Delta^1`` is the Delta of a client's first round; in that round it has no score and
-votes 0. ``t*`` is reported in paper numbering (``round_idx + 1`` of the first round whose vote
+votes 0 (Eq. 4 read literally, with ``Delta^0 = ||w^0 - w^0||^2 = 0``, gives the score 1 there,
+which is not stable for any ``delta_pr <= 1``). ``t*`` is reported in paper numbering (``round_idx + 1`` of the first round whose vote
 share reaches ``delta_v``); a paper pruning round ``t_p`` runs at ``round_idx = t_p - 1``, so the
 first pruning happens in a later round than the one that decided ``t*`` (Alg. 1 line 27).
 """

@@ -60,7 +60,16 @@ def pruning_rounds(t_star: int, total_rounds: int, b: float = 0.0, c: float = 1.
     while t < total_rounds:
         rounds.append(t)
         p += 1
-        gap = base / c ** (p - 1)
+        try:
+            scale = c ** (p - 1)
+        except OverflowError:  # c > 1 over thousands of events: the gap is 0, floored to 1
+            scale = math.inf
+        if base == 0:
+            gap = 0.0
+        elif scale == 0.0:  # c < 1 underflowed: the gap is beyond any horizon
+            break
+        else:
+            gap = base / scale
         t += max(math.ceil(gap - _CEIL_EPS), 1)
     return rounds
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from lightning_dfl.models import build_model
-from lightning_dfl.sparse.erk import (active_count, erk_densities, initial_masks, random_masks,
-                                      uniform_densities)
+from lightning_dfl.sparse.erk import active_count, erk_densities, initial_masks, random_masks, uniform_densities
 from lightning_dfl.sparse.masks import ModelMask, density, maskable_parameters
 
 

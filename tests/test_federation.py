@@ -5,12 +5,12 @@ import warnings
 import pytest
 import torch
 
+from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import DPSGD, DisPFL, FedAvg, Local
 from lightning_dfl.federation.plan import RoundPlan
 from lightning_dfl.federation.trainer import FederatedTrainer
-from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

@@ -2,8 +2,13 @@ import numpy as np
 import pytest
 
 from lightning_dfl.federation.plan import RoundPlan, Source, Task, clock_metrics
-from lightning_dfl.federation.topology import (FullTopology, InDegreeTopology, RingTopology,
-                                               TimeVaryingTopology, build_topology)
+from lightning_dfl.federation.topology import (
+    FullTopology,
+    InDegreeTopology,
+    RingTopology,
+    TimeVaryingTopology,
+    build_topology,
+)
 
 
 def test_time_varying_topology_has_exact_in_and_out_degree():

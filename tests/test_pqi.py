@@ -14,7 +14,6 @@ from lightning_dfl.sparse.pqi import (
     smallest_active,
 )
 
-
 # --- PQ index ---------------------------------------------------------------------------------
 
 def test_pq_index_hand_computed_1234():
@@ -207,3 +206,26 @@ def test_prune_masks_rejects_bad_input():
         pqi_prune_masks({"conv": weights["conv"], "fc": weights["fc"].T}, masks)
     with pytest.raises(ValueError, match="p < q"):
         pqi_prune_masks(weights, masks, p=1.0, q=1.0)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"p": 2.0, "q": 1.0}, "p < q"), ({"index": 1.5}, "PQ index"),
+                                          ({"d": -1}, "d ")])
+def test_count_of_an_empty_layer_still_checks_its_arguments(kwargs, match):
+    args = {"d": 0, "index": 0.5, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        pqi_prune_count(**args)
+
+
+def test_prune_masks_bfloat16_weights_match_float32():
+    weights, masks = _layers(2)
+    expected, expected_counts = pqi_prune_masks({n: w.bfloat16().float() for n, w in weights.items()}, masks)
+    new, counts = pqi_prune_masks({n: w.bfloat16() for n, w in weights.items()}, masks)
+    assert counts == expected_counts and all(c > 0 for c in counts.values())
+    assert all(torch.equal(new[n], expected[n]) for n in masks)
+
+
+def test_smallest_active_with_nan_weights_returns_count_numbers_first():
+    w = torch.tensor([3.0, math.nan, 1.0, math.nan, 2.0])
+    mask = torch.tensor([True, True, True, True, False])
+    assert smallest_active(w, mask, 2).tolist() == [0, 2]
+    assert smallest_active(w, mask, 3).tolist() == [0, 1, 2]  # then the first NaN by position

@@ -18,6 +18,7 @@ from lightning_dfl.callbacks.rigl import RigL
 from lightning_dfl.sparse.erk import initial_masks
 from lightning_dfl.sparse.masks import ModelMask
 from lightning_dfl.sparse.rigl import cosine_drop_fraction, dense_gradients, num_dropped, rigl_masks
+from lightning_dfl.sparse.select import largest_k, smallest_k, smallest_k_mask
 
 
 def _bool(rows):
@@ -69,6 +70,30 @@ def test_ties_break_by_flat_index():
     # equal scores grow the lowest candidate indices (0 and 1 again).
     new = rigl_masks({"a": w}, {"a": m}, 0.5, scores={"a": torch.tensor([3.0, 3, 0, 0, 3, 3])})
     assert torch.equal(new["a"], m)
+
+
+def test_selection_ranks_nan_last_and_always_picks_k():
+    nan = math.nan
+    v = torch.tensor([1.0, nan, 0.5, nan, 0.5])
+    assert smallest_k(v, 2).tolist() == [2, 4]
+    assert smallest_k(v, 4).tolist() == [0, 1, 2, 4]  # the numbers, then the first NaN
+    assert largest_k(v, 2).tolist() == [0, 2]  # 1.0, then the first of the tied 0.5s
+    assert largest_k(v, 4).tolist() == [0, 1, 2, 4]
+    for k in range(6):
+        assert int(smallest_k_mask(v, k).sum()) == k
+        assert int(smallest_k_mask(torch.full((3,), nan), k).sum()) == min(k, 3)
+
+
+def test_selection_and_rigl_on_bfloat16():
+    v = torch.tensor([3.0, 1.0, 2.0, 1.0, 5.0])
+    assert smallest_k(v.bfloat16(), 3).tolist() == smallest_k(v, 3).tolist() == [1, 2, 3]
+    assert largest_k(v.bfloat16(), 2).tolist() == [0, 4]
+    gen = torch.Generator().manual_seed(1)
+    w, g = torch.randn(8, 8, generator=gen), torch.randn(8, 8, generator=gen)
+    m = torch.rand(8, 8, generator=gen) < 0.5
+    expected = rigl_masks({"a": w.bfloat16().float()}, {"a": m}, 0.3, scores={"a": g.bfloat16().float()})
+    new = rigl_masks({"a": w.bfloat16()}, {"a": m}, 0.3, scores={"a": g.bfloat16()})
+    assert torch.equal(new["a"], expected["a"]) and int(new["a"].sum()) == int(m.sum())
 
 
 def test_density_exact_and_dense_layer_unchanged_both_modes():

@@ -283,3 +283,14 @@ def test_schedule_table_and_format():
     assert "(=M)" in lines[4]  # M = 2, N = 2
     with pytest.raises(ValueError, match="empty"):
         schedule_table(neighbor_sizes=())
+
+
+def test_pruning_rounds_long_horizons_do_not_overflow():
+    # c^(p-1) passes the float range after about 2,700 events at c = 1.3: the gaps are then 1.
+    rounds = pruning_rounds(10, 5000)
+    assert rounds[:14] == pruning_rounds(10, 50)
+    assert rounds[13:] == list(range(49, 5000))
+    # t* + b = 0 with c < 1: 0 / c^(p-1) stays 0 (also once c^(p-1) underflows to 0.0).
+    assert pruning_rounds(0, 3000, c=0.5) == list(range(1, 3000))
+    # Growing gaps end the schedule long before c^(p-1) underflows.
+    assert pruning_rounds(10, 10**6, c=0.5)[-1] == 655351

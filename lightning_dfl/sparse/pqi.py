@@ -98,9 +98,9 @@ def pqi_prune_count(d: int, index: float, p: float = DEFAULT_P, q: float = DEFAU
                     beta: float = DEFAULT_BETA) -> int:
     """Weights to prune in a layer, ``floor(d * min(gamma (1 - r/d), beta))`` (Alg. 2 line 9)."""
     _check_prune_args(eta_c, gamma, beta)
+    r = pqi_keep_bound(d, index, p, q, eta_c)  # also validates d, index, p, q
     if d == 0:
         return 0
-    r = pqi_keep_bound(d, index, p, q, eta_c)
     share = min(gamma * (1.0 - r / d), beta)
     count = math.floor(d * share + _FLOOR_EPS)
     return min(max(count, 0), d)
@@ -139,8 +139,7 @@ def _scale_counts(counts: dict[str, int], max_prune: int) -> dict[str, int]:
     order = sorted(range(len(names)), key=lambda i: -fracs[i])
     for i in order[:remainder]:
         floors[i] += 1
-    result = dict(zip(names, floors))
-    return result
+    return dict(zip(names, floors))
 
 
 def smallest_active(weights: Tensor, mask: Tensor, count: int) -> Tensor:

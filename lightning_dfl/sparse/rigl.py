@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_dfl.sparse.masks import ModelMask, Masks
+from lightning_dfl.sparse.masks import Masks, ModelMask
 from lightning_dfl.sparse.select import largest_k_mask, smallest_k_mask
 
 #: Regrowth criteria: ``"gradient"`` (RigL, by |dense gradient|) or ``"random"`` (SET-like).

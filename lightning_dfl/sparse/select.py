@@ -9,12 +9,23 @@ from torch import Tensor
 
 def smallest_k_mask(values: Tensor, k: int) -> Tensor:
     """A boolean mask of the ``k`` smallest entries of a 1-D tensor, as a stable ascending sort
-    would pick them (among equal values the lower position first), without sorting everything."""
+    would pick them (among equal values the lower position first; NaN ranks after every number,
+    as in ``torch.sort``), without sorting everything."""
     n = values.numel()
     if k <= 0:
         return torch.zeros(n, dtype=torch.bool, device=values.device)
     if k >= n:
         return torch.ones(n, dtype=torch.bool, device=values.device)
+    if values.is_floating_point():
+        nan = values.isnan()
+        num_nan = int(nan.sum())
+        if num_nan:  # select among the numbers; NaNs only fill up, by position
+            numbers = ~nan
+            if k >= n - num_nan:
+                return numbers | (nan & (nan.cumsum(0) <= k - (n - num_nan)))
+            chosen = torch.zeros(n, dtype=torch.bool, device=values.device)
+            chosen[numbers.nonzero().squeeze(1)] = smallest_k_mask(values[numbers], k)
+            return chosen
     threshold = _kth_smallest(values, k)
     chosen = values < threshold
     need = k - int(chosen.sum())
@@ -29,7 +40,9 @@ def smallest_k_mask(values: Tensor, k: int) -> Tensor:
 def _kth_smallest(values: Tensor, k: int) -> Tensor:
     """The k-th smallest value (1-based); NumPy's introselect is several times faster on a CPU."""
     if values.device.type == "cpu":
-        return torch.as_tensor(np.partition(values.detach().numpy(), k - 1)[k - 1], dtype=values.dtype)
+        # NumPy has no bfloat16; float32 holds every bfloat16 value exactly.
+        array = (values.float() if values.dtype == torch.bfloat16 else values).detach().numpy()
+        return torch.as_tensor(np.partition(array, k - 1)[k - 1]).to(values.dtype)
     return torch.kthvalue(values, k).values
 
 
@@ -39,7 +52,8 @@ def smallest_k(values: Tensor, k: int) -> Tensor:
 
 
 def largest_k_mask(values: Tensor, k: int) -> Tensor:
-    """A boolean mask of the ``k`` largest entries (among equal values the lower position first)."""
+    """A boolean mask of the ``k`` largest entries (among equal values the lower position first;
+    NaN ranks after every number here too, so it is picked last)."""
     return smallest_k_mask(-values, k)
 
 
