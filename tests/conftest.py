@@ -2,3 +2,23 @@ import torch
 
 # The test models are tiny: one intra-op thread is several times faster than many on 2 cores.
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+from lightning.pytorch import Trainer  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def digits_loader():
+    """sklearn's digits as flat float features: data for LightningModules that know nothing of us."""
+    x, y = load_digits(return_X_y=True)
+    data = TensorDataset(torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y))
+    return DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+
+def plain_trainer(callbacks, **kwargs):
+    """A quiet CPU ``lightning.pytorch.Trainer`` with ``callbacks``."""
+    return Trainer(callbacks=callbacks, accelerator="cpu", logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, **kwargs)

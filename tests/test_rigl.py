@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import plain_trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import LightningModule, Trainer
-from sklearn.datasets import load_digits
+from lightning.pytorch import LightningModule
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -212,16 +212,8 @@ class DigitsMLP(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
 
 
-@pytest.fixture(scope="module")
-def digits_loader():
-    x, y = load_digits(return_X_y=True)
-    data = TensorDataset(torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y))
-    return DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
 
 
-def _trainer(callback, **kwargs):
-    return Trainer(callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, **kwargs)
 
 
 def test_plain_trainer_keeps_density_and_zeros(digits_loader):
@@ -229,7 +221,7 @@ def test_plain_trainer_keeps_density_and_zeros(digits_loader):
     model = DigitsMLP()
     start = initial_masks(model, 0.3, "erk", generator=torch.Generator().manual_seed(0))
     rigl = RigL(density=0.3, update_every=5)
-    trainer = _trainer(rigl, max_epochs=3)
+    trainer = plain_trainer([rigl], max_epochs=3)
     trainer.fit(model, digits_loader)
 
     steps = trainer.global_step
@@ -261,7 +253,7 @@ def test_epoch_interval_checkpoint_and_random_regrowth(digits_loader):
     model = DigitsMLP()
     rigl = RigL(density=0.5, distribution="uniform", regrowth="random", update_interval="epoch",
                 update_every=1, seed=4)
-    _trainer(rigl, max_epochs=3, limit_train_batches=4).fit(model, digits_loader)
+    plain_trainer([rigl], max_epochs=3, limit_train_batches=4).fit(model, digits_loader)
     state = rigl.state_dict()
     assert state["num_updates"] == 2  # after epochs 1 and 2; epoch 3 is T, where alpha_T = 0
     assert model.steps_called == 12  # random regrowth needs no gradient pass
@@ -282,7 +274,7 @@ def test_epoch_interval_checkpoint_and_random_regrowth(digits_loader):
 
 def test_infinite_training_is_refused(digits_loader):
     with pytest.raises(MisconfigurationException, match="finite training length"):
-        _trainer(RigL(), max_epochs=-1, max_steps=-1).fit(DigitsMLP(), digits_loader)
+        plain_trainer([RigL()], max_epochs=-1, max_steps=-1).fit(DigitsMLP(), digits_loader)
 
 
 # -- the federated hook ----------------------------------------------------------------------

@@ -9,11 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import plain_trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import LightningModule, Trainer
-from sklearn.datasets import load_digits
+from lightning.pytorch import LightningModule
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dfl.callbacks.pqi import PQIPruning
 from lightning_dfl.callbacks.voting import PruningTimeVoting
@@ -325,16 +324,8 @@ class DigitsMLP(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
 
 
-@pytest.fixture(scope="module")
-def digits_loader():
-    x, y = load_digits(return_X_y=True)
-    data = TensorDataset(torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y))
-    return DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
 
 
-def _trainer(callbacks, **kwargs):
-    return Trainer(callbacks=callbacks, accelerator="cpu", logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, **kwargs)
 
 
 def test_plain_trainer_votes_then_prunes_sparser_never_past_target(digits_loader):
@@ -342,7 +333,7 @@ def test_plain_trainer_votes_then_prunes_sparser_never_past_target(digits_loader
     model = DigitsMLP()
     voting = PruningTimeVoting(delta_pr=0.3)
     pqi = PQIPruning(target_sparsity=0.3)
-    trainer = _trainer([voting, pqi], max_epochs=12)
+    trainer = plain_trainer([voting, pqi], max_epochs=12)
     trainer.fit(model, digits_loader)
 
     assert voting.t_star is not None and voting.total_rounds == 12
@@ -378,7 +369,7 @@ def test_plain_trainer_votes_then_prunes_sparser_never_past_target(digits_loader
 
 def test_plain_trainer_refuses_unbounded_training(digits_loader):
     with pytest.raises(MisconfigurationException, match="finite number of epochs"):
-        _trainer([PruningTimeVoting()], max_epochs=-1, max_steps=3).fit(DigitsMLP(), digits_loader)
+        plain_trainer([PruningTimeVoting()], max_epochs=-1, max_steps=3).fit(DigitsMLP(), digits_loader)
 
 
 # -- constructors ------------------------------------------------------------------------------
