@@ -1,15 +1,21 @@
-"""Analysis subcommands: ``lightning-dfl schedule`` (Figs. 8-9) and ``lightning-dfl cost`` (Sec. VI-A5)."""
+"""Analysis subcommands: ``lightning-dfl schedule`` (Figs. 8-9), ``lightning-dfl cost`` (Sec. VI-A5,
+Figs. 3-4) and ``lightning-dfl curves`` (logged metrics against the round).
+
+``--plot FILE`` (png, pdf, svg, ... by suffix) saves the figure of :mod:`lightning_dfl.plots`;
+figures need matplotlib (``pip install -e '.[plots]'``), the printed tables do not.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lightning_dfl.cost import CostModel, run_cost_curve
+from lightning_dfl.cost import CostModel, read_round_metrics, run_cost_curve
 from lightning_dfl.scheduling import format_schedule_table, schedule_table
 
 
 def schedule(num_clients: int = 100, neighbors: list[int] = [2, 5, 10, 20, 50],  # noqa: B006
-             max_waits: list[int | None] = [1, 2, 5, 10, None], rounds: int = 10_000, seed: int = 0) -> str:
+             max_waits: list[int | None] = [1, 2, 5, 10, None], rounds: int = 10_000, seed: int = 0,
+             plot: str | None = None) -> str:
     """Print the parallelism and delay of DA-DPFL's dynamic aggregation against M for several N.
 
     Args:
@@ -18,9 +24,19 @@ def schedule(num_clients: int = 100, neighbors: list[int] = [2, 5, 10, 20, 50], 
         max_waits: the values of N (prior neighbours waited for at most); null means N = M.
         rounds: Monte Carlo rounds per (M, N).
         seed: seed of the random topologies and reuse permutations.
+        plot: also save Figs. 8-9 (parallelism and delay against M, one line per N) to this file.
     """
-    table = format_schedule_table(schedule_table(num_clients, neighbors, max_waits, rounds, seed))
+    if plot is not None:
+        from lightning_dfl.plots import check_plot_path
+
+        check_plot_path(plot)
+    rows = schedule_table(num_clients, neighbors, max_waits, rounds, seed)
+    table = format_schedule_table(rows)
     print(table)
+    if plot is not None:
+        from lightning_dfl.plots import plot_schedule
+
+        print(f"figure: {plot_schedule(rows, plot, max_waits=max_waits)}")
     return table
 
 
@@ -34,9 +50,23 @@ def _metrics_file(run: str) -> Path:
     return path
 
 
+def _run_labels(runs: list[str]) -> dict[str, str]:
+    """Short names of runs: ``<algorithm>/version_N`` for a run folder or its metrics.csv, else
+    the path as given (also when two short names would clash)."""
+    labels = {}
+    for run in runs:
+        path = Path(run)
+        folder = path if path.is_dir() else path.parent if path.name == "metrics.csv" else None
+        labels[run] = f"{folder.parent.name}/{folder.name}" if folder is not None else run
+    if len(set(labels.values())) != len(labels):
+        return {run: run for run in runs}
+    return labels
+
+
 def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],  # noqa: B006
          reduce: str = "sum", flops_per_second: float = 80e12, flops_multiplier: float = 5.0,
-         compute_power_w: float = 450.0, bandwidth_bps: float = 1e9, network_power_w: float = 1.0) -> str:
+         compute_power_w: float = 450.0, bandwidth_bps: float = 1e9, network_power_w: float = 1.0,
+         plot: str | None = None) -> str:
     """Print C_total(theta) = (1 - theta) C_time + theta C_energy of finished runs (DA-DPFL Sec. VI-A5).
 
     Per client and round: T_comp = multiplier x FLOPs / flops_per_second, E_comp = power x T_comp,
@@ -47,14 +77,23 @@ def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.
         runs: run folders (``runs/<algorithm>/version_N``) or their ``metrics.csv``.
         thetas: the weights of energy against time.
         reduce: ``sum`` (whole run), ``mean`` (per round) or ``last`` (final round, as Table II).
+        plot: also save Figs. 3-4 (C_total against theta per run, crossings marked) to this file.
     """
+    from lightning_dfl.plots import crossing_theta
+
     if not runs:
         raise ValueError("cost needs --runs: a list of run folders or metrics.csv files, e.g. "
                          "--runs '[runs/dadpfl/version_0,runs/dispfl/version_0]'")
+    runs = list(dict.fromkeys(runs))
+    files = {run: _metrics_file(run) for run in runs}
+    if plot is not None:
+        from lightning_dfl.plots import check_plot_path
+
+        check_plot_path(plot)
     model = CostModel(flops_per_second=flops_per_second, flops_multiplier=flops_multiplier,
                       compute_power_w=compute_power_w, bandwidth_bps=bandwidth_bps, network_power_w=network_power_w)
-    curves = {run: run_cost_curve(_metrics_file(run), thetas, model, reduce=reduce) for run in runs}
-    names = {run: f"{Path(run).parent.name}/{Path(run).name}" if Path(run).is_dir() else run for run in runs}
+    curves = {run: run_cost_curve(files[run], thetas, model, reduce=reduce) for run in runs}
+    names = _run_labels(runs)
     header = ["theta", *(names[r] for r in runs)]
     rows = [[f"{t:.2f}", *(f"{curves[r].total[i]:.4g}" for r in runs)] for i, t in enumerate(thetas)]
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
@@ -62,14 +101,53 @@ def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.
     lines.insert(1, "  ".join("-" * w for w in widths))
     for i, a in enumerate(runs):
         for b in runs[i + 1:]:
-            d_time = curves[a].time - curves[b].time
-            d_energy = curves[a].energy - curves[b].energy
-            crossing = d_time / (d_time - d_energy) if d_time != d_energy else float("nan")
-            where = f"theta = {crossing:.3f}" if 0.0 <= crossing <= 1.0 else "no crossing in [0, 1]"
+            crossing = crossing_theta(curves[a], curves[b])
+            where = "no crossing in [0, 1]" if crossing is None else f"theta = {crossing:.3f}"
             lines.append(f"{names[a]} vs {names[b]}: {where}")
     text = "\n".join(lines)
     print(text)
+    if plot is not None:
+        from lightning_dfl.plots import plot_cost_curves
+
+        print(f"figure: {plot_cost_curves({names[r]: curves[r] for r in runs}, plot)}")
     return text
 
 
-SUBCOMMANDS = {"schedule": schedule, "cost": cost}
+def curves(runs: list[str] | None = None, metrics: list[str] = ["acc/headline", "density/mean"],  # noqa: B006
+           plot: str = "curves.png", round_col: str = "round") -> str:
+    """Plot logged metrics against the round for several finished runs, one panel per metric.
+
+    Args:
+        runs: run folders (``runs/<algorithm>/version_N``) or their ``metrics.csv``.
+        metrics: metrics.csv columns, e.g. ``acc/headline``, ``density/mean``, ``comm/busiest_bytes``,
+            ``time/delay``, ``voting/score_mean``.
+        plot: the figure's file (png, pdf, svg, ... by suffix).
+        round_col: the column holding the round.
+    """
+    from lightning_dfl.plots import check_plot_path, plot_curves
+
+    if not runs:
+        raise ValueError("curves needs --runs: a list of run folders or metrics.csv files, e.g. "
+                         "--runs '[runs/dadpfl/version_0,runs/dispfl/version_0]'")
+    if not metrics:
+        raise ValueError("curves needs --metrics: metrics.csv columns, e.g. '[acc/headline,density/mean]'")
+    runs = list(dict.fromkeys(runs))
+    files = {run: _metrics_file(run) for run in runs}
+    check_plot_path(plot)
+    names = _run_labels(runs)
+    per_run: dict[str, dict[int, dict[str, float]]] = {}
+    for run in runs:
+        merged: dict[int, dict[str, float]] = {}
+        for metric in metrics:  # one metric at a time: metrics logged on different rounds all stay
+            values = read_round_metrics(files[run], [metric], round_col)
+            if not values:
+                raise ValueError(f"{str(files[run])!r} has a {metric!r} column but no round with a value in it")
+            for r, v in values.items():
+                merged.setdefault(r, {}).update(v)
+        per_run[names[run]] = merged
+    out = plot_curves(per_run, metrics, plot)
+    print(f"figure: {out}")
+    return str(out)
+
+
+SUBCOMMANDS = {"schedule": schedule, "cost": cost, "curves": curves}

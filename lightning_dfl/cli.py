@@ -73,11 +73,12 @@ def _has_omegaconf() -> bool:
     return True
 
 
-USAGE = """usage: lightning-dfl {fit,schedule,cost} ...
+USAGE = """usage: lightning-dfl {fit,schedule,cost,curves} ...
 
   fit       train a federation: lightning-dfl fit --config configs/dispfl_digits.yaml (fit --help)
   schedule  DA-DPFL dynamic aggregation: parallelism and delay against M and N (Figs. 8-9)
   cost      C_total(theta) cost curves of finished runs (DA-DPFL Sec. VI-A5)
+  curves    plot logged metrics against the round for finished runs (needs .[plots])
 """
 
 

@@ -143,3 +143,13 @@ def test_bad_configurations_fail_before_training():
         _run(FedAvg(clients_per_round=10), rounds=1)
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         FederatedTrainer(rounds=0)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_bf16_precisions_train_and_keep_the_mask(precision):
+    trainer = _run(DisPFL(num_neighbors=2), rounds=2, precision=precision)
+    last = trainer.history[-1]
+    assert last["density/mean"] == pytest.approx(0.5, abs=2e-3)
+    assert last["acc/personal_mean"] > 0.2
+    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
+    assert trainer.store.weights[trainer.store.masked_names[0]].dtype == dtype

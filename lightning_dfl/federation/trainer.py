@@ -11,13 +11,14 @@ from __future__ import annotations
 import csv
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.plugins.precision import MixedPrecision
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from torch import Tensor
@@ -37,16 +38,19 @@ _TRAIN_HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward
 
 
 class CountingBatches:
-    """An iterable of batches that counts the samples drawn from it (for FLOPs accounting)."""
+    """An iterable of batches that counts the samples drawn from it (for FLOPs accounting) and
+    converts their floating tensors with ``convert`` (the precision plugin's input dtype)."""
 
-    def __init__(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
+    def __init__(self, batches: Iterable[tuple[Tensor, Tensor]],
+                 convert: Callable[[Any], Any] | None = None) -> None:
         self._batches = batches
+        self._convert = convert
         self.samples = 0
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         for batch in self._batches:
             self.samples += int(batch[1].shape[0])
-            yield batch
+            yield self._convert(batch) if self._convert is not None else batch
 
     def __len__(self) -> int:
         return len(self._batches)  # type: ignore[arg-type]
@@ -217,6 +221,9 @@ class FederatedTrainer:
         self.fabric_module = self.fabric.setup_module(model)
         model.mask.to(self.fabric.device)
         self.optimizer = self.fabric.setup_optimizers(model.make_optimizer())
+        # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
+        plugin = self.fabric.strategy.precision
+        self._convert_input = None if isinstance(plugin, MixedPrecision) else plugin.convert_input
         self.worker = {n: t for n, t in model.model.state_dict(keep_vars=False).items() if t.is_floating_point()}
         store_device = "cpu" if self.store_device == "cpu" else self.fabric.device
         num_nodes = num_clients + self.algorithm.num_servers
@@ -350,11 +357,12 @@ class FederatedTrainer:
         record = ClientRecord(client=node, density=module.mask.density())
         test_batches = None
         if evaluate:
-            test_batches = self.datamodule.client_test_batches(node, device=self.fabric.device)
+            test_batches = self._test_batches(node)
             record.acc_aggregated = self._accuracy(test_batches)
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "data", self.current_round, node))
         torch.manual_seed(derive_seed(self.seed, "torch", self.current_round, node))
-        batches = CountingBatches(self.datamodule.client_train_batches(node, generator, device=self.fabric.device))
+        batches = CountingBatches(self.datamodule.client_train_batches(node, generator, device=self.fabric.device),
+                                  self._convert_input)
         self.train_dataloader = batches
         train_flops_per_sample = 3 * module.forward_flops()
         record.loss = self._train_local(batches)
@@ -400,6 +408,11 @@ class FederatedTrainer:
                                      f"{self.current_round}; lower the learning rate")
         return loss_sum / count if count else float("nan")
 
+    def _test_batches(self, client: int) -> CountingBatches:
+        """The client's test batches on the worker's device, in the precision's input dtype."""
+        return CountingBatches(self.datamodule.client_test_batches(client, device=self.fabric.device),
+                               self._convert_input)
+
     def _accuracy(self, batches: Iterable[tuple[Tensor, Tensor]]) -> float:
         with self.fabric.autocast():
             correct, total, _ = self.module.evaluate(batches)
@@ -412,8 +425,7 @@ class FederatedTrainer:
         average = self._streaming_average(sources)
         self.module.mask.load_(self.store.mask(sources[0].node), apply=False)
         self._load(average)
-        accs = [self._accuracy(self.datamodule.client_test_batches(k, device=self.fabric.device))
-                for k in range(self.num_clients)]
+        accs = [self._accuracy(self._test_batches(k)) for k in range(self.num_clients)]
         mean = sum(accs) / len(accs)
         std = math.sqrt(sum((a - mean) ** 2 for a in accs) / len(accs))
         return {"acc/consensus_mean": mean, "acc/consensus_std": std}

@@ -1,0 +1,185 @@
+"""Figures: DA-DPFL Figs. 8-9 (schedule), Figs. 3-4 (cost) and metric curves, and their subcommands."""
+
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+Image = pytest.importorskip("PIL.Image")
+
+import lightning_dfl.plots as plots  # noqa: E402
+from lightning_dfl.cli import main  # noqa: E402
+from lightning_dfl.cost import CostCurve  # noqa: E402
+from lightning_dfl.plots import (  # noqa: E402
+    check_plot_path,
+    crossing_theta,
+    plot_cost_curves,
+    plot_curves,
+    plot_schedule,
+)
+from lightning_dfl.scheduling import schedule_table  # noqa: E402
+
+# CSVLogger layout: one row per logging call, empty cells for what that call did not log.
+# acc/* is logged at evaluation rounds (0 and 2) only, the rest every round.
+METRICS_CSV = """\
+acc/headline,comm/busiest_bytes,density/mean,flops/train_per_client,round,step,time/delay
+0.25,,,,0.0,0,
+,1000000.0,0.5,8e12,0.0,0,2.0
+,500000.0,0.4,4e12,1.0,1,1.0
+0.5,,,,2.0,2,
+,500000.0,0.3,4e12,2.0,2,0.0
+"""
+
+
+def _png(path):
+    assert path.is_file() and path.stat().st_size > 0
+    with Image.open(path) as img:
+        assert img.format == "PNG"
+        return img.size
+
+
+def _curve(time, energy, thetas=(0.0, 0.5, 1.0)):
+    th = np.asarray(thetas, dtype=float)
+    return CostCurve(thetas=th, total=(1 - th) * time + th * energy, time=time, energy=energy, rounds=1)
+
+
+def _run(folder, text=METRICS_CSV):
+    folder.mkdir(parents=True)
+    (folder / "metrics.csv").write_text(text)
+    return folder
+
+
+# --- plot functions -------------------------------------------------------------------------
+
+
+def test_plot_schedule_writes_png_and_pdf(tmp_path):
+    rows = schedule_table(12, [2, 4], [1, None], rounds=40, seed=0)
+    out = plot_schedule(rows, tmp_path / "fig" / "schedule.png")  # creates the folder
+    assert out == tmp_path / "fig" / "schedule.png"
+    assert _png(out) == (1100, 450)  # 11 x 4.5 inches at 100 dpi
+    pdf = plot_schedule(rows, tmp_path / "schedule.pdf", max_waits=[1, None])
+    assert pdf.read_bytes().startswith(b"%PDF")
+
+
+def test_plot_schedule_rejects_bad_rows(tmp_path):
+    with pytest.raises(ValueError, match="at least one"):
+        plot_schedule([], tmp_path / "s.png")
+    mixed = schedule_table(8, [2], [1], rounds=5) + schedule_table(9, [2], [1], rounds=5)
+    with pytest.raises(ValueError, match=r"one \(num_clients, rounds, seed\).*\(8, 5, 0\), \(9, 5, 0\)"):
+        plot_schedule(mixed, tmp_path / "s.png")
+    with pytest.raises(ValueError, match=r"max_waits must be integers >= 0 or None.*-1"):
+        plot_schedule(schedule_table(8, [2], [1], rounds=5), tmp_path / "s.png", max_waits=[-1])
+    assert not (tmp_path / "s.png").exists()
+
+
+def test_crossing_theta_hand_computed():
+    # (1 - t) 2 + t 1 = (1 - t) 1 + t 3  <=>  1 - t = 2 t  <=>  t = 1/3, where both cost 5/3.
+    a, b = _curve(2.0, 1.0), _curve(1.0, 3.0)
+    assert crossing_theta(a, b) == pytest.approx(1 / 3)
+    assert crossing_theta(b, a) == pytest.approx(1 / 3)
+    assert crossing_theta(a, _curve(3.0, 2.0)) is None  # parallel
+    assert crossing_theta(a, a) is None  # equal
+    assert crossing_theta(_curve(2.0, 1.0), _curve(1.0, 0.5)) is None  # would meet at t = 2
+
+
+def test_plot_cost_curves_writes_png(tmp_path):
+    out = plot_cost_curves({"dadpfl": _curve(2.0, 1.0), "dispfl": _curve(1.0, 3.0), "fedavg": _curve(4.0, 4.0)},
+                           tmp_path / "cost.png")
+    assert _png(out) == (700, 450)
+    with pytest.raises(ValueError, match="at least one"):
+        plot_cost_curves({}, tmp_path / "empty.png")
+
+
+def test_plot_curves_panel_grid_and_errors(tmp_path):
+    runs = {"a": {0: {"acc": 0.1, "d": 0.5}, 1: {"d": 0.4}, 2: {"acc": 0.3, "d": 0.3}},
+            "b": {0: {"acc": 0.2}, 1: {"acc": 0.4}}}
+    assert _png(plot_curves(runs, ["acc", "d"], tmp_path / "two.png")) == (1000, 400)  # 2 panels of 5 x 4 in
+    four = {"a": {r: {"w": r, "x": -r, "y": r * r, "z": 1.0} for r in range(5)}}
+    assert _png(plot_curves(four, ["w", "x", "y", "z"], tmp_path / "four.png", title="t")) == (1500, 800)
+    with pytest.raises(ValueError, match=r"no run logged 'e'"):
+        plot_curves(runs, ["acc", "e"], tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="distinct"):
+        plot_curves(runs, ["acc", "acc"], tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="at least one metric"):
+        plot_curves(runs, [], tmp_path / "bad.png")
+
+
+def test_check_plot_path_names_the_allowed_suffixes(tmp_path):
+    assert check_plot_path(tmp_path / "a.PDF").suffix == ".PDF"
+    with pytest.raises(ValueError, match=r"\.png.*got '\.txt'"):
+        check_plot_path(tmp_path / "a.txt")
+    with pytest.raises(ValueError, match="got ''"):
+        check_plot_path(tmp_path / "noext")
+
+
+def test_missing_matplotlib_says_how_to_install(monkeypatch, tmp_path, capsys):
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=r"plots need matplotlib: pip install -e '\.\[plots\]'"):
+        plot_cost_curves({"a": _curve(1.0, 2.0)}, tmp_path / "c.png")
+    with pytest.raises(ImportError, match="plots need matplotlib"):  # before any simulation
+        main(["schedule", "--num_clients=6", "--neighbors=[2]", "--max_waits=[1]", "--rounds=5",
+              f"--plot={tmp_path / 's.png'}"])
+    assert capsys.readouterr().out == ""
+    main(["schedule", "--num_clients=6", "--neighbors=[2]", "--max_waits=[1]", "--rounds=5"])  # tables need none
+    assert "parallelism" in capsys.readouterr().out
+
+
+# --- subcommands ----------------------------------------------------------------------------
+
+
+def test_schedule_subcommand_saves_figure(tmp_path, capsys):
+    out = tmp_path / "schedule.png"
+    main(["schedule", "--num_clients=10", "--neighbors=[2,3]", "--max_waits=[0,1,null]", "--rounds=30",
+          f"--plot={out}"])
+    assert f"figure: {out}" in capsys.readouterr().out
+    assert _png(out) == (1100, 450)
+
+
+def test_cost_subcommand_saves_figure(tmp_path, capsys):
+    a = _run(tmp_path / "dadpfl" / "version_0")
+    b = _run(tmp_path / "dispfl" / "version_0", METRICS_CSV.replace(",2.0\n", ",0.0\n").replace(",1.0\n", ",0.0\n"))
+    out = tmp_path / "cost.png"
+    main(["cost", f"--runs=[{a},{b / 'metrics.csv'}]", "--thetas=[0.0,0.5,1.0]", f"--plot={out}"])
+    text = capsys.readouterr().out
+    assert "dadpfl/version_0 vs dispfl/version_0" in text and f"figure: {out}" in text
+    assert _png(out) == (700, 450)
+    with pytest.raises(ValueError, match=r"\.png"):  # a bad suffix fails before the runs are read
+        main(["cost", f"--runs=[{a}]", f"--plot={tmp_path / 'cost.bmpx'}"])
+
+
+def test_curves_subcommand_reads_csvlogger_rows(tmp_path, monkeypatch, capsys):
+    a = _run(tmp_path / "x" / "dadpfl" / "version_0")
+    b = _run(tmp_path / "y" / "dadpfl" / "version_0")  # same short name: labels fall back to the paths
+    seen = {}
+    real = plots.plot_curves
+
+    def spy(runs, metrics, path, title=None):
+        seen.update(runs=runs, metrics=metrics)
+        return real(runs, metrics, path, title)
+
+    monkeypatch.setattr(plots, "plot_curves", spy)
+    out = tmp_path / "curves.png"
+    main(["curves", f"--runs=[{a},{b / 'metrics.csv'}]", f"--plot={out}"])
+    assert f"figure: {out}" in capsys.readouterr().out
+    assert _png(out) == (1000, 400)
+    # acc/headline (rounds 0, 2) and density/mean (rounds 0-2) both keep all their rounds.
+    expected = {0: {"acc/headline": 0.25, "density/mean": 0.5}, 1: {"density/mean": 0.4},
+                2: {"acc/headline": 0.5, "density/mean": 0.3}}
+    assert seen["runs"] == {str(a): expected, str(b / "metrics.csv"): expected}
+    assert seen["metrics"] == ["acc/headline", "density/mean"]
+
+
+def test_curves_subcommand_errors(tmp_path):
+    run = _run(tmp_path / "dadpfl" / "version_0")
+    with pytest.raises(ValueError, match=r"no column\(s\) \['acc/nope'\]; its columns are \[.*'acc/headline'"):
+        main(["curves", f"--runs=[{run}]", "--metrics=[acc/nope]", f"--plot={tmp_path / 'c.png'}"])
+    with pytest.raises(FileNotFoundError, match="no metrics.csv"):
+        main(["curves", f"--runs=[{tmp_path / 'nope'}]", f"--plot={tmp_path / 'c.png'}"])
+    with pytest.raises(ValueError, match="curves needs --runs"):
+        main(["curves", f"--plot={tmp_path / 'c.png'}"])
+    empty = _run(tmp_path / "empty" / "version_0", "round,acc/headline\n0,\n")
+    with pytest.raises(ValueError, match="'acc/headline' column but no round with a value"):
+        main(["curves", f"--runs=[{empty}]", "--metrics=[acc/headline]", f"--plot={tmp_path / 'c.png'}"])
+    assert not (tmp_path / "c.png").exists()
