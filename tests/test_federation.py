@@ -153,3 +153,16 @@ def test_bf16_precisions_train_and_keep_the_mask(precision):
     assert last["acc/personal_mean"] > 0.2
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
     assert trainer.store.weights[trainer.store.masked_names[0]].dtype == dtype
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"devices": 2}, "devices=2"),
+    ({"devices": "auto"}, "devices='auto'"),
+    ({"strategy": "ddp"}, "strategy='ddp'"),
+    ({"logger": "wandb"}, "logger must be"),
+    ({"local_epochs": -1}, "local_epochs must be >= 0"),
+    ({"client_speeds": [1.0, 0.0]}, "client_speeds must all be > 0"),
+])
+def test_trainer_arguments_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FederatedTrainer(**kwargs)

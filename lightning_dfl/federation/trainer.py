@@ -110,9 +110,10 @@ class FederatedTrainer:
             raise ValueError(f"local_epochs must be >= 0, got {local_epochs}")
         if eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every}")
-        if devices not in (1, "1", "auto"):
-            raise ValueError(f"devices={devices!r}: one worker device per process is supported for now; "
-                             "sharding clients across processes is planned (use devices=1)")
+        if devices not in (1, "1"):
+            raise ValueError(f"devices={devices!r}: the federation trains all clients with one worker on one "
+                             "device for now (sharding clients across processes is planned); use devices=1 and "
+                             "pick the device with accelerator")
         if strategy not in ("auto", "single_device"):
             raise ValueError(f"strategy={strategy!r}: the federation runs one worker per process; "
                              "allowed: 'auto', 'single_device'")
