@@ -79,8 +79,6 @@ def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.
         reduce: ``sum`` (whole run), ``mean`` (per round) or ``last`` (final round, as Table II).
         plot: also save Figs. 3-4 (C_total against theta per run, crossings marked) to this file.
     """
-    from lightning_dfl.plots import crossing_theta
-
     if not runs:
         raise ValueError("cost needs --runs: a list of run folders or metrics.csv files, e.g. "
                          "--runs '[runs/dadpfl/version_0,runs/dispfl/version_0]'")
@@ -101,7 +99,7 @@ def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.
     lines.insert(1, "  ".join("-" * w for w in widths))
     for i, a in enumerate(runs):
         for b in runs[i + 1:]:
-            crossing = crossing_theta(curves[a], curves[b])
+            crossing = curves[a].crossing(curves[b])
             where = "no crossing in [0, 1]" if crossing is None else f"theta = {crossing:.3f}"
             lines.append(f"{names[a]} vs {names[b]}: {where}")
     text = "\n".join(lines)

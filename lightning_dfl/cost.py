@@ -119,10 +119,16 @@ class CostModel:
         """
         d_time = self.time(a.flops, a.bytes, a.mean_delay) - self.time(b.flops, b.bytes, b.mean_delay)
         d_energy = self.energy(a.flops, a.bytes) - self.energy(b.flops, b.bytes)
-        if d_time == d_energy:
-            return None  # parallel (or identical) lines
-        theta = d_time / (d_time - d_energy)
-        return float(theta) if 0.0 <= theta <= 1.0 else None
+        return _crossing(float(d_time), float(d_energy))
+
+
+def _crossing(d_time: float, d_energy: float) -> float | None:
+    """Where ``(1 - theta) dT + theta dE`` vanishes in [0, 1]: ``dT / (dT - dE)``; None if it never
+    does there (parallel or identical lines)."""
+    if d_time == d_energy:
+        return None
+    theta = d_time / (d_time - d_energy)
+    return float(theta) if 0.0 <= theta <= 1.0 else None
 
 
 def _theta(theta: ArrayLike):
@@ -142,6 +148,10 @@ class CostCurve:
     time: float
     energy: float
     rounds: int
+
+    def crossing(self, other: "CostCurve") -> float | None:
+        """The theta in [0, 1] where this run's ``C_total`` line meets ``other``'s, else None."""
+        return _crossing(self.time - other.time, self.energy - other.energy)
 
 
 def read_round_metrics(path: str | os.PathLike, columns: Sequence[str],

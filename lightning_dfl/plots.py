@@ -162,20 +162,6 @@ def _palette(count: int) -> list[Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def crossing_theta(a: CostCurve, b: CostCurve) -> float | None:
-    """The theta in [0, 1] where two runs' ``C_total`` lines meet (Sec. VI-A5), else None.
-
-    ``(1 - t) T_a + t E_a = (1 - t) T_b + t E_b`` gives ``t = dT / (dT - dE)`` with
-    ``dT = T_a - T_b`` and ``dE = E_a - E_b``; parallel (or equal) lines have none.
-    """
-    d_time = a.time - b.time
-    d_energy = a.energy - b.energy
-    if d_time == d_energy:
-        return None
-    theta = d_time / (d_time - d_energy)
-    return theta if 0.0 <= theta <= 1.0 else None
-
-
 def plot_cost_curves(curves: Mapping[str, CostCurve], path: str | os.PathLike, title: str | None = None) -> Path:
     """DA-DPFL Figs. 3-4: ``C_total(theta)`` per run (label: the mapping's key); returns the path.
 
@@ -197,7 +183,7 @@ def plot_cost_curves(curves: Mapping[str, CostCurve], path: str | os.PathLike, t
     marked = False
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            theta = crossing_theta(curves[a], curves[b])
+            theta = curves[a].crossing(curves[b])
             if theta is None or not lo <= theta <= hi:
                 continue
             value = (1.0 - theta) * curves[a].time + theta * curves[a].energy
@@ -272,4 +258,4 @@ def plot_curves(runs: Mapping[str, Mapping[int, Mapping[str, float]]], metrics: 
     return _save(fig, path)
 
 
-__all__ = ["DPI", "check_plot_path", "crossing_theta", "plot_cost_curves", "plot_curves", "plot_schedule"]
+__all__ = ["DPI", "check_plot_path", "plot_cost_curves", "plot_curves", "plot_schedule"]

@@ -13,7 +13,6 @@ from lightning_dfl.cli import main  # noqa: E402
 from lightning_dfl.cost import CostCurve  # noqa: E402
 from lightning_dfl.plots import (  # noqa: E402
     check_plot_path,
-    crossing_theta,
     plot_cost_curves,
     plot_curves,
     plot_schedule,
@@ -73,14 +72,14 @@ def test_plot_schedule_rejects_bad_rows(tmp_path):
     assert not (tmp_path / "s.png").exists()
 
 
-def test_crossing_theta_hand_computed():
+def test_cost_curve_crossing_hand_computed():
     # (1 - t) 2 + t 1 = (1 - t) 1 + t 3  <=>  1 - t = 2 t  <=>  t = 1/3, where both cost 5/3.
     a, b = _curve(2.0, 1.0), _curve(1.0, 3.0)
-    assert crossing_theta(a, b) == pytest.approx(1 / 3)
-    assert crossing_theta(b, a) == pytest.approx(1 / 3)
-    assert crossing_theta(a, _curve(3.0, 2.0)) is None  # parallel
-    assert crossing_theta(a, a) is None  # equal
-    assert crossing_theta(_curve(2.0, 1.0), _curve(1.0, 0.5)) is None  # would meet at t = 2
+    assert a.crossing(b) == pytest.approx(1 / 3)
+    assert b.crossing(a) == pytest.approx(1 / 3)
+    assert a.crossing(_curve(3.0, 2.0)) is None  # parallel
+    assert a.crossing(a) is None  # equal
+    assert _curve(2.0, 1.0).crossing(_curve(1.0, 0.5)) is None  # would meet at t = 2
 
 
 def test_plot_cost_curves_writes_png(tmp_path):
