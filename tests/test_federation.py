@@ -166,3 +166,21 @@ def test_bf16_precisions_train_and_keep_the_mask(precision):
 def test_trainer_arguments_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FederatedTrainer(**kwargs)
+
+
+def test_a_user_algorithm_from_the_readme_runs_as_a_chain():
+    from lightning_dfl.federation.algorithms import Algorithm
+    from lightning_dfl.federation.plan import Source, Task
+
+    class Chain(Algorithm):
+        name = "chain"
+
+        def plan_round(self, ctx):
+            order = [int(k) for k in ctx.rng.permutation(ctx.num_clients)]
+            tasks = [Task(node=order[0])]
+            tasks += [Task(node=k, sources=(Source(prev, fresh=True),)) for prev, k in zip(order, order[1:])]
+            return RoundPlan(ctx.round_idx, tasks)
+
+    trainer = _run(Chain(), rounds=2, num_clients=5, density=1.0)
+    assert [m["time/delay"] for m in trainer.history] == [4.0, 4.0]  # sequential
+    assert trainer.history[-1]["comm/busiest_bytes"] > 0

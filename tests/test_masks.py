@@ -89,3 +89,18 @@ def test_client_store_slots_keep_start_of_round_snapshots():
     assert torch.equal(store.published(0)[0]["w"], torch.tensor([5.0, 0.0, 6.0]))
     weights, masks = store.gather([(0, False), (1, False)])
     assert len(weights["w"]) == 2 and weights["w"][0].shape == (3,) and masks["w"][1].dtype == torch.bool
+
+
+def test_client_state_is_a_plain_serializable_copy(tmp_path):
+    template = {"w": torch.zeros(3), "b": torch.zeros(1)}
+    store = ClientStore(template, ["w"], num_nodes=1)
+    store.initialize(0, {"w": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([4.0])},
+                     {"w": torch.tensor([True, False, True])})
+    store.extras[0]["personal_lr"] = 0.5
+    state = store.state(0)
+    state.weights["w"][0] = 99.0  # a copy: the store is untouched
+    assert store.published(0)[0]["w"][0] == 1.0
+    torch.save(state, tmp_path / "client0.pt")
+    loaded = torch.load(tmp_path / "client0.pt", weights_only=False)
+    assert torch.equal(loaded.mask["w"], torch.tensor([True, False, True]))
+    assert loaded.extras == {"personal_lr": 0.5} and loaded.weights["w"][0] == 99.0
