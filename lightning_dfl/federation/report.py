@@ -91,7 +91,7 @@ def print_summary(summary: RunSummary, console: Console | None = None) -> None:
 
 
 @contextmanager
-def progress_bar(total: int, enabled: bool = True) -> Iterator[Callable[[dict[str, float]], None]]:
+def progress_bar(total: int, enabled: bool = True, completed: int = 0) -> Iterator[Callable[[dict[str, float]], None]]:
     """A rich progress bar over rounds; yields ``advance(metrics)``."""
     if not enabled:
         yield lambda metrics: None
@@ -101,7 +101,7 @@ def progress_bar(total: int, enabled: bool = True) -> Iterator[Callable[[dict[st
         TimeElapsedColumn(), TimeRemainingColumn(),
     )
     with progress:
-        task = progress.add_task("rounds", total=total, status="")
+        task = progress.add_task("rounds", total=total, completed=completed, status="")
 
         def advance(metrics: dict[str, float]) -> None:
             parts = []

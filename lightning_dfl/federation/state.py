@@ -153,6 +153,29 @@ class ClientStore:
             extras=dict(self.extras[node]),
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the store holds (for checkpoints); call between rounds."""
+        if self._written:
+            raise RuntimeError("the store can be saved between rounds only")
+        return {"weights": self.weights, "published_masks": self.published_masks, "masks": self.masks,
+                "slot": self.slot, "active": self.active, "extras": self.extras}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output into this store (same nodes, names and shapes)."""
+        for key in ("weights", "published_masks", "masks"):
+            mine, theirs = getattr(self, key), state[key]
+            if set(mine) != set(theirs) or any(mine[n].shape != theirs[n].shape for n in mine):
+                raise ValueError(f"the checkpoint's {key} do not fit this store: it has "
+                                 f"{ {n: tuple(t.shape) for n, t in theirs.items()} }, the store "
+                                 f"{ {n: tuple(t.shape) for n, t in mine.items()} }")
+            for n in mine:
+                mine[n].copy_(theirs[n])
+        self.slot.copy_(state["slot"])
+        self.active.copy_(state["active"])
+        self.extras = [dict(e) for e in state["extras"]]
+        self._written.clear()
+
     def nbytes(self) -> int:
         """Memory held by the store's tensors."""
         tensors = [*self.weights.values(), *self.published_masks.values(), *self.masks.values()]

@@ -27,6 +27,7 @@ from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL, RoundContext
+from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from lightning_dfl.federation.plan import Source, Task, clock_metrics
 from lightning_dfl.federation.report import RunSummary, print_summary, progress_bar
 from lightning_dfl.federation.state import ClientStore
@@ -75,6 +76,8 @@ class FederatedTrainer:
             takes ``1 / speed`` time units; default all 1).
         store_device: where client states live (``"cpu"``, or ``"worker"`` for the worker's device).
         enable_progress_bar: show a progress bar over rounds and a summary at the end.
+        checkpoint_every: save the federation's state every this many rounds (and after the last)
+            to :attr:`checkpoint_path`; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.
         cpu_threads: if set, ``torch.set_num_threads(cpu_threads)`` before training. Small models
             train several times faster on one thread than on many (intra-op overhead).
     """
@@ -98,6 +101,7 @@ class FederatedTrainer:
         client_speeds: Sequence[float] | None = None,
         store_device: str = "cpu",
         enable_progress_bar: bool = True,
+        checkpoint_every: int = 0,
         cpu_threads: int | None = None,
     ) -> None:
         self.algorithm = algorithm if algorithm is not None else DisPFL()
@@ -119,6 +123,9 @@ class FederatedTrainer:
                              "allowed: 'auto', 'single_device'")
         if store_device not in ("cpu", "worker"):
             raise ValueError(f"store_device must be 'cpu' or 'worker', got {store_device!r}")
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0: never), got {checkpoint_every}")
+        self.checkpoint_every = checkpoint_every
         if cpu_threads is not None and cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads}")
         self.cpu_threads = cpu_threads
@@ -160,6 +167,11 @@ class FederatedTrainer:
     @property
     def log_dir(self) -> str | None:
         return getattr(self.logger, "log_dir", None) if self.logger else None
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where checkpoints go: ``<log_dir>/checkpoints/last.ckpt`` (``default_root_dir`` without a logger)."""
+        return Path(self.log_dir or self.default_root_dir) / "checkpoints" / "last.ckpt"
 
     @property
     def loggers(self) -> list[Logger]:
@@ -248,15 +260,21 @@ class FederatedTrainer:
             })
 
     # -- the loop -----------------------------------------------------------------------
-    def fit(self, model: SparseClassifier, datamodule: FederatedDataModule) -> RunSummary:
-        """Run all rounds; return (and print) the run's summary."""
+    def fit(self, model: SparseClassifier, datamodule: FederatedDataModule,
+            ckpt_path: str | None = None) -> RunSummary:
+        """Run all rounds (from ``ckpt_path``'s next round when given); return and print the summary."""
         self._setup(model, datamodule)
+        first_round = load_checkpoint(self, ckpt_path) if ckpt_path is not None else 0
         self._call("on_fit_start")
         self._call("on_train_start")
         start = time.perf_counter()
-        with progress_bar(self.rounds, enabled=self.enable_progress_bar and self.is_global_zero) as advance:
-            for round_idx in range(self.rounds):
+        with progress_bar(self.rounds, enabled=self.enable_progress_bar and self.is_global_zero,
+                          completed=first_round) as advance:
+            for round_idx in range(first_round, self.rounds):
                 metrics = self.run_round(round_idx)
+                if self.checkpoint_every and ((round_idx + 1) % self.checkpoint_every == 0
+                                              or round_idx == self.rounds - 1):
+                    save_checkpoint(self, self.checkpoint_path)
                 advance(metrics)
         self.summary = RunSummary.from_history(self.algorithm, self.history, time.perf_counter() - start,
                                                self.log_dir)
