@@ -81,15 +81,15 @@ class RingTopology(Topology):
 
 
 class FullTopology(Topology):
-    """Every client hears all the others (M = K - 1)."""
+    """Every client hears all the others (M = K - 1, whatever ``num_neighbors`` an algorithm has)."""
 
     name = "full"
 
-    def __init__(self, num_neighbors: int = -1) -> None:
+    def __init__(self) -> None:
         super().__init__(0)
 
     def validate(self, num_clients: int) -> None:
-        pass
+        """Any number of clients can be fully connected."""
 
     def neighbors(self, num_clients: int, round_idx: int, rng: np.random.Generator) -> list[list[int]]:
         return [[j for j in range(num_clients) if j != k] for k in range(num_clients)]
@@ -98,7 +98,9 @@ class FullTopology(Topology):
 def build_topology(name: str, num_neighbors: int) -> Topology:
     """A topology by name: one of :data:`TOPOLOGIES`."""
     classes = {"time_varying": TimeVaryingTopology, "time_varying_in_degree": InDegreeTopology,
-               "ring": RingTopology, "full": FullTopology}
+               "ring": RingTopology}
+    if name == "full":
+        return FullTopology()
     if name not in classes:
         raise ValueError(f"unknown topology {name!r}; allowed: {', '.join(TOPOLOGIES)}")
     return classes[name](num_neighbors)

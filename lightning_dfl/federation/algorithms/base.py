@@ -66,7 +66,8 @@ class Algorithm:
 
 
 class GossipAlgorithm(Algorithm):
-    """Base of the decentralized algorithms: a topology gives each client M in-neighbours."""
+    """Base of the decentralized algorithms: a topology gives each client M in-neighbours
+    (``num_neighbors``; with the ``full`` topology every client hears the K - 1 others)."""
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying") -> None:
         self.num_neighbors = num_neighbors
