@@ -30,7 +30,8 @@ class ClientRecord:
     acc_trained: float | None = None
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population standard deviation (NaN for no values)."""
     if not values:
         return float("nan"), float("nan")
     mean = sum(values) / len(values)
@@ -74,15 +75,15 @@ class RoundAccounting:
         trained = [r.acc_trained for r in records if r.acc_trained is not None]
         aggregated = [r.acc_aggregated for r in records if r.acc_aggregated is not None]
         if trained:
-            out["acc/personal_mean"], out["acc/personal_std"] = _mean_std(trained)
+            out["acc/personal_mean"], out["acc/personal_std"] = mean_std(trained)
         if aggregated:
-            out["acc/aggregated_mean"], out["acc/aggregated_std"] = _mean_std(aggregated)
+            out["acc/aggregated_mean"], out["acc/aggregated_std"] = mean_std(aggregated)
         losses = [r.loss for r in records if not math.isnan(r.loss)]
         if losses:
             out["train/loss"] = sum(losses) / len(losses)
         densities = [r.density for r in records]
         if densities:
-            out["density/mean"], out["density/std"] = _mean_std(densities)
+            out["density/mean"], out["density/std"] = mean_std(densities)
             out["density/min"], out["density/max"] = min(densities), max(densities)
         flops = [r.flops for r in records]
         out["flops/train_total"] = float(sum(flops))

@@ -24,11 +24,11 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from torch import Tensor
 
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
+from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting, mean_std
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL, RoundContext
 from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
-from lightning_dfl.federation.plan import Source, Task, clock_metrics
+from lightning_dfl.federation.plan import Task, clock_metrics
 from lightning_dfl.federation.report import RunSummary, print_summary, progress_bar
 from lightning_dfl.federation.state import ClientStore
 from lightning_dfl.module import SparseClassifier
@@ -441,23 +441,10 @@ class FederatedTrainer:
         sources = self.algorithm.consensus_sources(self.num_clients)
         if not sources:
             return {}
-        average = self._streaming_average(sources)
+        # gather gives views and masked_average accumulates source by source: no (K, ...) copy
+        average = masked_average(*self.store.gather([(s.node, s.fresh) for s in sources]))
         self.module.mask.load_(self.store.mask(sources[0].node), apply=False)
         self._load(average)
         accs = [self._accuracy(self._test_batches(k)) for k in range(self.num_clients)]
-        mean = sum(accs) / len(accs)
-        std = math.sqrt(sum((a - mean) ** 2 for a in accs) / len(accs))
+        mean, std = mean_std(accs)
         return {"acc/consensus_mean": mean, "acc/consensus_std": std}
-
-    @torch.no_grad()
-    def _streaming_average(self, sources: list[Source]) -> dict[str, Tensor]:
-        """Uniform masked average of many published models without stacking them all."""
-        total: dict[str, Tensor] = {}
-        count: dict[str, Tensor] = {}
-        for source in sources:
-            weights, masks = self.store.published(source.node, source.fresh)
-            for name, w in weights.items():
-                total[name] = total.get(name, 0) + w.float()
-                count[name] = count.get(name, 0) + (masks[name].float() if name in masks else 1.0)
-        return {n: torch.where(torch.as_tensor(count[n]) > 0, total[n] / torch.as_tensor(count[n]).clamp_min(1e-12),
-                               0.0) for n in total}
