@@ -313,7 +313,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", choices=sorted(DEFAULTS), default="digits")
-    p.add_argument("--root", default="/work/shared/data", help="data root (torchvision layout for mnist)")
+    p.add_argument("--root", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"),
+                   help="data root (torchvision layout for mnist); default: ../shared/data beside the repository")
     p.add_argument("--rounds", type=int, default=None, help="T (default: 40 digits, 20 mnist)")
     p.add_argument("--clients", type=int, default=20, help="K")
     p.add_argument("--seed", type=int, default=0)
