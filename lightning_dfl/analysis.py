@@ -50,6 +50,14 @@ def _metrics_file(run: str) -> Path:
     return path
 
 
+def _run_files(runs: list[str] | None, command: str) -> dict[str, Path]:
+    """Each distinct run (in order) with its metrics.csv; a clear error when none is given."""
+    if not runs:
+        raise ValueError(f"{command} needs --runs: a list of run folders or metrics.csv files, e.g. "
+                         "--runs '[runs/dadpfl/version_0,runs/dispfl/version_0]'")
+    return {run: _metrics_file(run) for run in dict.fromkeys(runs)}
+
+
 def _run_labels(runs: list[str]) -> dict[str, str]:
     """Short names of runs: ``<algorithm>/version_N`` for a run folder or its metrics.csv, else
     the path as given (also when two short names would clash)."""
@@ -79,11 +87,8 @@ def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.
         reduce: ``sum`` (whole run), ``mean`` (per round) or ``last`` (final round, as Table II).
         plot: also save Figs. 3-4 (C_total against theta per run, crossings marked) to this file.
     """
-    if not runs:
-        raise ValueError("cost needs --runs: a list of run folders or metrics.csv files, e.g. "
-                         "--runs '[runs/dadpfl/version_0,runs/dispfl/version_0]'")
-    runs = list(dict.fromkeys(runs))
-    files = {run: _metrics_file(run) for run in runs}
+    files = _run_files(runs, "cost")
+    runs = list(files)
     if plot is not None:
         from lightning_dfl.plots import check_plot_path
 
@@ -124,13 +129,10 @@ def curves(runs: list[str] | None = None, metrics: list[str] = ["acc/headline", 
     """
     from lightning_dfl.plots import check_plot_path, plot_curves
 
-    if not runs:
-        raise ValueError("curves needs --runs: a list of run folders or metrics.csv files, e.g. "
-                         "--runs '[runs/dadpfl/version_0,runs/dispfl/version_0]'")
+    files = _run_files(runs, "curves")
+    runs = list(files)
     if not metrics:
         raise ValueError("curves needs --metrics: metrics.csv columns, e.g. '[acc/headline,density/mean]'")
-    runs = list(dict.fromkeys(runs))
-    files = {run: _metrics_file(run) for run in runs}
     check_plot_path(plot)
     names = _run_labels(runs)
     per_run: dict[str, dict[int, dict[str, float]]] = {}

@@ -25,9 +25,9 @@ class Kill(FederatedCallback):
             raise KeyboardInterrupt
 
 
-def _trainer(tmp_path, callbacks=None, **kwargs):
+def _trainer(tmp_path, callbacks=None, rounds=6, **kwargs):
     algorithm = DADPFL(num_neighbors=2, max_wait=2, delta_pr=1000.0, target_sparsity=0.7)
-    return FederatedTrainer(algorithm=algorithm, rounds=6, local_epochs=1, logger=False, accelerator="cpu",
+    return FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, logger=False, accelerator="cpu",
                             enable_progress_bar=False, default_root_dir=str(tmp_path), callbacks=callbacks,
                             **kwargs)
 
@@ -62,8 +62,7 @@ def test_resume_after_a_kill_finishes_identically(tmp_path):
 
 
 def test_resume_refuses_another_configuration_and_missing_files(tmp_path):
-    first = _trainer(tmp_path, checkpoint_every=2)
-    first.rounds = first.max_rounds = 2
+    first = _trainer(tmp_path, checkpoint_every=2, rounds=2)
     first.fit(*_parts())
     other = FederatedTrainer(algorithm=DADPFL(num_neighbors=2, max_wait=1), rounds=2, local_epochs=1, logger=False,
                              enable_progress_bar=False)

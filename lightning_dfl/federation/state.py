@@ -110,7 +110,7 @@ class ClientStore:
 
     def _count(self, mask: Mapping[str, Tensor] | None) -> int:
         if mask is None:
-            return self.unmasked_size + sum(self.masks[n][0].numel() for n in self.masked_names)
+            return self.unmasked_size + self.masked_size()
         return self.unmasked_size + sum(int(mask[n].sum()) for n in self.masked_names)
 
     @torch.no_grad()

@@ -132,7 +132,6 @@ class FederatedTrainer:
         if client_speeds is not None and any(s <= 0 for s in client_speeds):
             raise ValueError(f"client_speeds must all be > 0, got {list(client_speeds)}")
         self.rounds = rounds
-        self.max_rounds = rounds
         self.local_epochs = local_epochs
         self.eval_every = eval_every
         self.seed = seed
@@ -152,6 +151,11 @@ class FederatedTrainer:
         self.store: ClientStore | None = None
 
     # -- properties Lightning callbacks look for ----------------------------------------
+    @property
+    def max_rounds(self) -> int:
+        """T, the total rounds (the name Lightning callbacks look for)."""
+        return self.rounds
+
     @property
     def num_clients(self) -> int:
         return self.datamodule.num_clients
@@ -231,7 +235,7 @@ class FederatedTrainer:
         # the module is Fabric's callback: it re-masks the weights after every optimizer step
         self.fabric = Fabric(**self._fabric_kwargs, callbacks=[model])
         self.fabric.seed_everything(self.seed, verbose=False)
-        self.fabric_module = self.fabric.setup_module(model)
+        self.fabric.setup_module(model)  # device placement and the precision's dtype
         model.mask.to(self.fabric.device)
         self.optimizer = self.fabric.setup_optimizers(model.make_optimizer())
         # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
