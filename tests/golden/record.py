@@ -1,0 +1,83 @@
+"""Record (or check) the engine's golden runs: DisPFL, DA-DPFL (voting and PQI firing), D-PSGD,
+Local and FedAvg on the digits set, a few rounds each.
+
+    python tests/golden/record.py          # rewrite tests/golden/engine_runs.pt
+
+What is recorded, per run: every metric of every round except wall times, the per-client rows of
+``clients.csv``, and every node's final published weights, published mask and current mask (as SHA-256
+fingerprints of their bytes, which keeps the file small).
+``tests/test_golden.py`` re-runs the same configurations and compares bit for bit. A deliberate
+change of results re-records the file in its own commit that says why.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DisPFL, FedAvg, Local
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+
+PATH = Path(__file__).with_name("engine_runs.pt")
+
+#: name -> (algorithm factory, rounds, module density, trainer options)
+RUNS = {
+    "dispfl": (lambda: DisPFL(num_neighbors=2), 3, 0.5, {}),
+    "dadpfl": (lambda: DADPFL(num_neighbors=2, max_wait=2, delta_pr=1000.0, target_sparsity=0.7), 5, 0.5,
+               {"client_speeds": [1.0, 2.0, 0.5, 1.0, 1.5, 1.0]}),
+    "dpsgd": (lambda: DPSGD(num_neighbors=2), 3, 1.0, {}),
+    "local": (lambda: Local(), 2, 0.5, {}),
+    "fedavg": (lambda: FedAvg(clients_per_round=3), 3, 1.0, {}),
+}
+
+
+def fingerprint(tensor: torch.Tensor) -> str:
+    """dtype, shape and the SHA-256 of the raw bytes: equal exactly when the tensors are bit-identical."""
+    raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return f"{tensor.dtype} {tuple(tensor.shape)} {hashlib.sha256(raw).hexdigest()}"
+
+
+def run(name: str, root: str) -> dict:
+    """Run one golden configuration; return what is compared."""
+    factory, rounds, density, options = RUNS[name]
+    warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+    dm = FederatedDataModule(dataset="digits", num_clients=6, batch_size=32, test_samples_per_client=40,
+                             partition="dirichlet", alpha=0.5, seed=1)
+    model = SparseClassifier(arch="cnn_digits", density=density, lr=0.05, seed=1)
+    trainer = FederatedTrainer(algorithm=factory(), rounds=rounds, local_epochs=1, accelerator="cpu",
+                               enable_progress_bar=False, seed=3, default_root_dir=root, cpu_threads=1, **options)
+    trainer.fit(model, dm)
+    metrics = [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in trainer.history]
+    with (Path(trainer.log_dir) / "clients.csv").open() as f:
+        clients = list(csv.DictReader(f))
+    nodes = []
+    for node in range(trainer.store.num_nodes):
+        state = trainer.store.state(node)
+        nodes.append({part: {key: fingerprint(t) for key, t in getattr(state, part).items()}
+                      for part in ("weights", "published_mask", "mask")})
+    return {"metrics": metrics, "clients": clients, "nodes": nodes}
+
+
+def machine() -> str:
+    """The kernels' code path: float results are bit-identical only on the same one."""
+    return f"torch {torch.__version__.split('+')[0]}, {torch.backends.cpu.get_cpu_capability()}"
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as root:
+        record = {name: run(name, root) for name in RUNS}
+    record["machine"] = machine()
+    torch.save(record, PATH)
+    print(f"wrote {PATH} ({PATH.stat().st_size / 1e6:.2f} MB)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
