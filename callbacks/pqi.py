@@ -10,7 +10,6 @@ weights are zeroed at once, so the model a client publishes is the pruned one (l
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_dfl.callbacks._mask_owner import MaskOwner, federated_mask, module_mask
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
+from lightning_dfl.checks import is_int, is_number
 from lightning_dfl.sparse.masks import ModelMask, maskable_parameters
 from lightning_dfl.sparse.pqi import (
     DEFAULT_BETA,
@@ -32,14 +32,7 @@ from lightning_dfl.sparse.pqi import (
     pqi_prune_masks,
     prune_budget,
 )
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_index(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 0
+from lightning_dfl.stats import mean_std
 
 
 @dataclass(frozen=True)
@@ -106,19 +99,19 @@ class PQIPruning(FederatedCallback):
         schedule: Callable[[int], bool] | Sequence[int] | None = None,
         verbose: int = 0,
     ) -> None:
-        if not _is_number(target_sparsity) or not 0 <= target_sparsity < 1:
+        if not is_number(target_sparsity) or not 0 <= target_sparsity < 1:
             raise MisconfigurationException(f"`target_sparsity` must be a float in [0, 1), got {target_sparsity!r}")
-        if not _is_number(p) or not p > 0:
+        if not is_number(p) or not p > 0:
             raise MisconfigurationException(f"`p` must be a float > 0, got {p!r}")
-        if not _is_number(q) or not q >= 1:
+        if not is_number(q) or not q >= 1:
             raise MisconfigurationException(f"`q` must be a float >= 1, got {q!r}")
         if not p < q:
             raise MisconfigurationException(f"the PQ index needs `p` < `q`, got p={p!r}, q={q!r}")
-        if not _is_number(eta_c) or not eta_c >= 0:
+        if not is_number(eta_c) or not eta_c >= 0:
             raise MisconfigurationException(f"`eta_c` must be a float >= 0, got {eta_c!r}")
-        if not _is_number(gamma) or not gamma >= 0:
+        if not is_number(gamma) or not gamma >= 0:
             raise MisconfigurationException(f"`gamma` must be a float >= 0, got {gamma!r}")
-        if not _is_number(beta) or not 0 <= beta <= 1:
+        if not is_number(beta) or not 0 <= beta <= 1:
             raise MisconfigurationException(f"`beta` must be a float in [0, 1], got {beta!r}")
         self._schedule_fn: Callable[[int], bool] | None = None
         self._schedule_set: frozenset[int] | None = None
@@ -126,7 +119,7 @@ class PQIPruning(FederatedCallback):
             self._schedule_fn = schedule
         elif schedule is not None:
             is_list = isinstance(schedule, Sequence) and not isinstance(schedule, (str, bytes))
-            if not is_list or not all(_is_index(i) for i in schedule):
+            if not is_list or not all(is_int(i) and i >= 0 for i in schedule):
                 raise MisconfigurationException(
                     "`schedule` must be a callable round_idx -> bool, a list of round indices (ints >= 0) "
                     f"or None (take the rounds from a voting callback), got {schedule!r}")
@@ -260,9 +253,7 @@ class PQIPruning(FederatedCallback):
     def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
         if self._round != int(trainer.current_round) or not self._round_sparsity:
             return
-        values = list(self._round_sparsity.values())
-        mean = math.fsum(values) / len(values)
-        std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+        mean, std = mean_std(list(self._round_sparsity.values()))
         trainer.log_metrics({"pqi/pruned_clients": float(self._round_events),
                              "pqi/pruned_weights": float(self._round_pruned),
                              "sparsity/mean": mean, "sparsity/std": std})

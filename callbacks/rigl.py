@@ -22,19 +22,12 @@ from torch import Tensor
 
 from lightning_dfl.callbacks._mask_owner import MaskOwner, federated_mask, module_mask
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
+from lightning_dfl.checks import is_int, is_number
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.masks import Masks, ModelMask
 from lightning_dfl.sparse.rigl import REGROWTH_MODES, cosine_drop_fraction, dense_gradients, rigl_masks
 
 UPDATE_INTERVALS = ("step", "epoch")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class RigL(FederatedCallback):
@@ -101,25 +94,25 @@ class RigL(FederatedCallback):
     ) -> None:
         if callable(drop_fraction):
             pass
-        elif not _is_number(drop_fraction) or not 0.0 <= drop_fraction <= 1.0:
+        elif not is_number(drop_fraction) or not 0.0 <= drop_fraction <= 1.0:
             raise MisconfigurationException(
                 f"`drop_fraction` must be a float in [0, 1] or a callable (t, T) -> float, got {drop_fraction!r}")
         if regrowth not in REGROWTH_MODES:
             raise MisconfigurationException(f"`regrowth` must be one of {REGROWTH_MODES}, got {regrowth!r}")
-        if not _is_int(gradient_batches) or gradient_batches < 1:
+        if not is_int(gradient_batches) or gradient_batches < 1:
             raise MisconfigurationException(f"`gradient_batches` must be an int >= 1, got {gradient_batches!r}")
-        if not _is_int(update_every) or update_every < 1:
+        if not is_int(update_every) or update_every < 1:
             raise MisconfigurationException(f"`update_every` must be an int >= 1, got {update_every!r}")
         if update_interval not in UPDATE_INTERVALS:
             raise MisconfigurationException(
                 f"`update_interval` must be one of {UPDATE_INTERVALS}, got {update_interval!r}")
-        if not _is_number(stop_fraction) or not 0.0 < stop_fraction <= 1.0:
+        if not is_number(stop_fraction) or not 0.0 < stop_fraction <= 1.0:
             raise MisconfigurationException(f"`stop_fraction` must be a float in (0, 1], got {stop_fraction!r}")
-        if not _is_number(density) or not 0.0 < density <= 1.0:
+        if not is_number(density) or not 0.0 < density <= 1.0:
             raise MisconfigurationException(f"`density` must be a float in (0, 1], got {density!r}")
         if distribution not in DISTRIBUTIONS:
             raise MisconfigurationException(f"`distribution` must be one of {DISTRIBUTIONS}, got {distribution!r}")
-        if not _is_int(seed):
+        if not is_int(seed):
             raise MisconfigurationException(f"`seed` must be an int, got {seed!r}")
         if verbose not in (0, 1, 2) or isinstance(verbose, bool):
             raise MisconfigurationException(f"`verbose` must be any of (0, 1, 2), got {verbose!r}")
@@ -232,7 +225,7 @@ class RigL(FederatedCallback):
         """The drop fraction at ``t`` of ``total`` (the cosine schedule or the user's callable)."""
         if callable(self.drop_fraction):
             value = self.drop_fraction(t, total)
-            if not _is_number(value) or not 0.0 <= value <= 1.0:
+            if not is_number(value) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"the `drop_fraction` callable returned {value!r} at t={t}, T={total}; "
                                  "expected a float in [0, 1]")
             return float(value)

@@ -33,14 +33,11 @@ from torch import Tensor
 
 from lightning_dfl.callbacks._mask_owner import module_mask
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
+from lightning_dfl.checks import is_number
 from lightning_dfl.scheduling import PruningSchedule, detection_score, first_pruning_round, pruning_rounds, vote
 
 #: The voter id used in a plain ``Trainer`` (one model, one vote).
 PLAIN_VOTER = 0
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _floating_parameters(pl_module: Any) -> dict[str, Tensor]:
@@ -218,13 +215,13 @@ class PruningTimeVoting(FederatedCallback):
 
     def __init__(self, delta_pr: float = 0.03, delta_v: float = 0.5, b: float = 0.0, c: float = 1.3,
                  verbose: int = 0) -> None:
-        if not _is_number(delta_pr) or not delta_pr > 0:
+        if not is_number(delta_pr) or not delta_pr > 0:
             raise MisconfigurationException(f"`delta_pr` must be a float > 0, got {delta_pr!r}")
-        if not _is_number(delta_v) or not 0 < delta_v <= 1:
+        if not is_number(delta_v) or not 0 < delta_v <= 1:
             raise MisconfigurationException(f"`delta_v` must be a float in (0, 1], got {delta_v!r}")
-        if not _is_number(b) or not b >= 0:
+        if not is_number(b) or not b >= 0:
             raise MisconfigurationException(f"`b` must be a float >= 0, got {b!r}")
-        if not _is_number(c) or not c > 0:
+        if not is_number(c) or not c > 0:
             raise MisconfigurationException(f"`c` must be a float > 0, got {c!r}")
         if verbose not in (0, 1, 2) or isinstance(verbose, bool):
             raise MisconfigurationException(f"`verbose` must be any of (0, 1, 2), got {verbose!r}")

@@ -21,6 +21,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_dfl.checks import is_int
+from lightning_dfl.registry import Registry
+
 __all__ = [
     "DATASETS",
     "HAM10000_CLASSES",
@@ -128,7 +131,7 @@ def _labels(values) -> Tensor:
 
 
 def _check_image_size(image_size: int | None) -> None:
-    if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1):
+    if image_size is not None and not (is_int(image_size) and image_size >= 1):
         raise ValueError(f"image_size must be None or an integer >= 1, got {image_size!r}")
 
 
@@ -474,7 +477,7 @@ def load_ham10000(
 # --------------------------------------------------------------------------- registry
 
 #: Name -> loader. Every loader takes the data root as its first argument.
-DATASETS: dict[str, Callable[..., Split]] = {
+DATASETS: Registry[Callable[..., Split]] = Registry("dataset", {
     "digits": load_digits,
     "mnist": load_mnist,
     "cifar10": load_cifar10,
@@ -483,7 +486,7 @@ DATASETS: dict[str, Callable[..., Split]] = {
     "tiny_imagenet": load_tiny_imagenet,
     "ham10000": load_ham10000,
     "image_folder": load_image_folder,
-}
+})
 
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, **kwargs) -> Split:
@@ -493,9 +496,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **kwargs) -> 
     An ``image_size`` for a loader without one resizes the loaded split, ``image_size=None``
     keeps the loader's size, and every loader accepts ``download=False``.
     """
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(sorted(DATASETS))}")
-    loader = DATASETS[name]
+    loader = DATASETS.get(name)
     params = inspect.signature(loader).parameters
     if kwargs.get("download") is False and "download" not in params:
         kwargs.pop("download")

@@ -25,10 +25,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_dfl.checks import check_int, is_int, is_number
+
 from .datasets import DATASETS, ImageData, Split, load_dataset
 from .partition import (
     PARTITIONERS,
-    _check_int,
     allocate_counts,
     build_partitioner,
     personal_test_indices,
@@ -182,25 +183,23 @@ class FederatedDataModule(L.LightningDataModule):
         max_train_samples: int | None = None,
     ) -> None:
         super().__init__()
-        if dataset not in DATASETS:
-            raise ValueError(f"unknown dataset {dataset!r}; allowed: {', '.join(sorted(DATASETS))}")
-        if partition not in PARTITIONERS:
-            raise ValueError(f"unknown partition {partition!r}; allowed: {', '.join(sorted(PARTITIONERS))}")
+        DATASETS.get(dataset)  # an unknown name raises ValueError listing the allowed ones
+        partitioner_class = PARTITIONERS.get(partition)
         if root is not None and not isinstance(root, (str, Path)):
             raise ValueError(f"root must be a path or None, got {root!r}")
-        _check_int("num_clients", num_clients, 1)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 < alpha < math.inf):
+        check_int("num_clients", num_clients, 1)
+        if not is_number(alpha) or not alpha > 0:
             raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
-        _check_int("classes_per_client", classes_per_client, 1)
-        _check_int("min_size", min_size, 0)
-        _check_int("test_samples_per_client", test_samples_per_client, 0)
-        _check_int("batch_size", batch_size, 1)
-        _check_int("eval_batch_size", eval_batch_size, 1)
+        check_int("classes_per_client", classes_per_client, 1)
+        check_int("min_size", min_size, 0)
+        check_int("test_samples_per_client", test_samples_per_client, 0)
+        check_int("batch_size", batch_size, 1)
+        check_int("eval_batch_size", eval_batch_size, 1)
         if augment is not None and not isinstance(augment, bool):
             raise ValueError(f"augment must be True, False or None, got {augment!r}")
         if image_size is not None:
-            _check_int("image_size", image_size, 1)
-        _check_int("seed", seed, 0)
+            check_int("image_size", image_size, 1)
+        check_int("seed", seed, 0)
         if not isinstance(download, bool):
             raise ValueError(f"download must be a bool, got {download!r}")
         if download and dataset not in DOWNLOADABLE:
@@ -212,14 +211,14 @@ class FederatedDataModule(L.LightningDataModule):
         self.partition, self.alpha, self.classes_per_client = partition, float(alpha), classes_per_client
         self.min_size, self.test_samples_per_client = min_size, test_samples_per_client
         if max_train_samples is not None:
-            _check_int("max_train_samples", max_train_samples, num_clients)
+            check_int("max_train_samples", max_train_samples, num_clients)
         self.max_train_samples = max_train_samples
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.augment = dataset not in NO_AUGMENT_BY_DEFAULT if augment is None else augment
         self.image_size_override, self.seed, self.download = image_size, seed, download
         self.batch_augment = BatchAugment(random_crop_padding=4 if self.augment else 0, horizontal_flip=self.augment)
         options = {"alpha": self.alpha, "classes_per_client": classes_per_client, "min_size": min_size}
-        accepted = inspect.signature(PARTITIONERS[partition]).parameters
+        accepted = inspect.signature(partitioner_class).parameters
         self.partitioner = build_partitioner(partition, **{k: v for k, v in options.items() if k in accepted})
         self._split: Split | None = None
         self._downloaded = False
@@ -307,7 +306,7 @@ class FederatedDataModule(L.LightningDataModule):
         return self._split
 
     def _client(self, k: int) -> int:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < self.num_clients:
+        if not is_int(k) or not 0 <= k < self.num_clients:
             raise IndexError(f"client index must be in [0, {self.num_clients}), got {k!r}")
         return int(k)
 

@@ -10,11 +10,13 @@ the official test split with the client's training label proportions (DisPFL App
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import numpy as np
+
+from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.registry import Registry
 
 __all__ = [
     "PARTITIONERS",
@@ -28,11 +30,6 @@ __all__ = [
     "personal_test_indices",
     "register_partitioner",
 ]
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 class Partitioner(ABC):
@@ -49,9 +46,8 @@ class Partitioner(ABC):
         labels = np.asarray(labels)
         if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
             raise ValueError(f"labels must be a 1-D integer array, got dtype {labels.dtype} and shape {labels.shape}")
-        _check_int("num_clients", num_clients, 1)
-        _check_int("seed", seed, 0)
-        parts = self._partition(labels, int(num_clients), np.random.default_rng(int(seed)))
+        num_clients, seed = check_int("num_clients", num_clients, 1), check_int("seed", seed, 0)
+        parts = self._partition(labels, num_clients, np.random.default_rng(seed))
         return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
     @abstractmethod
@@ -60,17 +56,15 @@ class Partitioner(ABC):
 
 
 #: Name -> partitioner class.
-PARTITIONERS: dict[str, type[Partitioner]] = {}
+PARTITIONERS: Registry[type[Partitioner]] = Registry("partition")
 
 
 def register_partitioner(name: str) -> Callable[[type[Partitioner]], type[Partitioner]]:
-    """Class decorator adding a :class:`Partitioner` subclass to :data:`PARTITIONERS`."""
+    """Class decorator adding a :class:`Partitioner` subclass to :data:`PARTITIONERS` and setting its ``name``."""
 
     def wrap(cls: type[Partitioner]) -> type[Partitioner]:
-        if name in PARTITIONERS:
-            raise ValueError(f"partitioner {name!r} is already registered")
+        PARTITIONERS.add(name, cls)
         cls.name = name
-        PARTITIONERS[name] = cls
         return cls
 
     return wrap
@@ -78,9 +72,7 @@ def register_partitioner(name: str) -> Callable[[type[Partitioner]], type[Partit
 
 def build_partitioner(name: str, **kwargs) -> Partitioner:
     """Instantiate the partitioner registered as ``name`` with its own keyword arguments."""
-    if name not in PARTITIONERS:
-        raise ValueError(f"unknown partition {name!r}; allowed: {', '.join(sorted(PARTITIONERS))}")
-    return PARTITIONERS[name](**kwargs)
+    return PARTITIONERS.build(name, **kwargs)
 
 
 @register_partitioner("iid")
@@ -104,13 +96,11 @@ class DirichletPartitioner(Partitioner):
     """
 
     def __init__(self, alpha: float, min_size: int = 10, max_attempts: int = 1000) -> None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0 or not math.isfinite(alpha):
+        if not is_number(alpha) or not alpha > 0:
             raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
-        _check_int("min_size", min_size, 0)
-        _check_int("max_attempts", max_attempts, 1)
         self.alpha = float(alpha)
-        self.min_size = int(min_size)
-        self.max_attempts = int(max_attempts)
+        self.min_size = check_int("min_size", min_size, 0)
+        self.max_attempts = check_int("max_attempts", max_attempts, 1)
 
     def __repr__(self) -> str:
         return f"DirichletPartitioner(alpha={self.alpha}, min_size={self.min_size})"
@@ -163,7 +153,7 @@ class EqualDirichletPartitioner(Partitioner):
     """
 
     def __init__(self, alpha: float) -> None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 < alpha < math.inf):
+        if not is_number(alpha) or not alpha > 0:
             raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
         self.alpha = float(alpha)
 
@@ -196,8 +186,7 @@ class PathologicalPartitioner(Partitioner):
     """
 
     def __init__(self, classes_per_client: int) -> None:
-        _check_int("classes_per_client", classes_per_client, 1)
-        self.classes_per_client = int(classes_per_client)
+        self.classes_per_client = check_int("classes_per_client", classes_per_client, 1)
 
     def __repr__(self) -> str:
         return f"PathologicalPartitioner(classes_per_client={self.classes_per_client})"
@@ -252,7 +241,7 @@ def allocate_counts(weights, total: int, capacity=None) -> np.ndarray:
     weights = np.asarray(weights, dtype=np.float64)
     if weights.ndim != 1 or (weights < 0).any() or not np.isfinite(weights).all():
         raise ValueError(f"weights must be a 1-D array of finite values >= 0, got {weights}")
-    _check_int("total", total, 0)
+    total = check_int("total", total, 0)
     cap = np.full(len(weights), np.iinfo(np.int64).max) if capacity is None else np.asarray(capacity, np.int64)
     if cap.shape != weights.shape or (cap < 0).any():
         raise ValueError(f"capacity must hold one integer >= 0 per weight, got {capacity}")

@@ -1,7 +1,8 @@
 """DA-DPFL's schedules: when to prune (Eq. 4-6) and who waits for whom (Sec. IV-B).
 
-Pure computation (numpy and the standard library): the federation's planner and the voting
-and pruning callbacks call these functions; the CLI prints :func:`format_schedule_table`.
+Pure computation (numpy, the standard library and the simulated clock of
+``lightning_dfl.federation.clock``): the federation's planner and the voting and pruning
+callbacks call these functions; the CLI prints :func:`format_schedule_table`.
 
 Pruning time (papers' errata applied):
 
@@ -21,21 +22,19 @@ processing clients in reuse order is a valid topological order.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from lightning_dfl.checks import check_int
+from lightning_dfl.federation.clock import Clock, finish_times
 
 # ---------------------------------------------------------------------------------------------
 # When to prune: Eq. 4-6
 # ---------------------------------------------------------------------------------------------
 
 _CEIL_EPS = 1e-9  # ceil() slack for ratios that are integers in exact arithmetic
-
-
-def _check_int(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def pruning_rounds(t_star: int, total_rounds: int, b: float = 0.0, c: float = 1.3) -> list[int]:
@@ -47,8 +46,8 @@ def pruning_rounds(t_star: int, total_rounds: int, b: float = 0.0, c: float = 1.
 
     Example: ``pruning_rounds(10, 50)`` is ``[11, 19, 25, 30, 34, 37, 40, 42, 44, 45, 46, 47, 48, 49]``.
     """
-    _check_int("t_star", t_star, 0)
-    _check_int("total_rounds", total_rounds, 1)
+    check_int("t_star", t_star, 0)
+    check_int("total_rounds", total_rounds, 1)
     if not (math.isfinite(b) and b >= 0):
         raise ValueError(f"b (delay of the first pruning round) must be >= 0, got {b!r}")
     if not (math.isfinite(c) and c > 0):
@@ -162,7 +161,7 @@ class RoundSchedule:
 def _check_round(neighbors: Sequence[Sequence[int]], reuse_index: Sequence[int], max_wait: int,
                  durations: Sequence[float] | None) -> None:
     k = len(neighbors)
-    _check_int("max_wait", max_wait, 0)
+    check_int("max_wait", max_wait, 0)
     if sorted(int(i) for i in reuse_index) != list(range(k)):
         raise ValueError(f"reuse_index must be a permutation of 0..{k - 1} (one position per client "
                          f"of neighbors), got {list(reuse_index)!r}")
@@ -194,23 +193,23 @@ def simulate_round(neighbors: Sequence[Sequence[int]], reuse_index: Sequence[int
 
     Clients are processed in reuse order. Client k waits for the N prior neighbours that finish
     earliest (ties: smaller reuse index first), starts at the latest of their finish times (0
-    if it waits for none) and finishes ``durations[k]`` later.
+    if it waits for none) and finishes ``durations[k]`` later (the clock's :func:`finish_times`).
     """
     _check_round(neighbors, reuse_index, max_wait, durations)
     k_total = len(neighbors)
     dur = [1.0] * k_total if durations is None else [float(d) for d in durations]
     pos = [int(i) for i in reuse_index]
-    start = [0.0] * k_total
-    finish = [0.0] * k_total
     waits: list[list[int]] = [[] for _ in range(k_total)]
-    for client in sorted(range(k_total), key=pos.__getitem__):
+
+    def arrivals(client: int, finish: Mapping[int, float]) -> list[float]:
         prior = [int(j) for j in neighbors[client] if pos[int(j)] < pos[client]]
         prior.sort(key=lambda j: (finish[j], pos[j]))
-        waited = sorted(prior[:max_wait], key=pos.__getitem__)
-        start[client] = max((finish[j] for j in waited), default=0.0)
-        finish[client] = start[client] + dur[client]
-        waits[client] = waited
-    return RoundSchedule(start=start, finish=finish, waits=waits)
+        waits[client] = sorted(prior[:max_wait], key=pos.__getitem__)
+        return [finish[j] for j in waits[client]]
+
+    times = finish_times(sorted(range(k_total), key=pos.__getitem__), arrivals, dur)
+    return RoundSchedule(start=[times[c][0] for c in range(k_total)], finish=[times[c][1] for c in range(k_total)],
+                         waits=waits)
 
 
 def reuse_dependencies(neighbors: Sequence[Sequence[int]], reuse_index: Sequence[int], max_wait: int,
@@ -219,31 +218,42 @@ def reuse_dependencies(neighbors: Sequence[Sequence[int]], reuse_index: Sequence
     return simulate_round(neighbors, reuse_index, max_wait, durations).waits
 
 
-def simulate_rounds(neighbors: np.ndarray, order: np.ndarray, max_wait: int) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised :func:`simulate_round` over many rounds with unit task durations.
+def simulate_rounds(neighbors: np.ndarray, order: np.ndarray, max_wait: int,
+                    durations: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised :func:`simulate_round` over many rounds.
 
     Args:
         neighbors: int array ``(R, K, M)``: ``neighbors[r, k]`` are client k's in-neighbours.
         order: int array ``(R, K)``: ``order[r, i]`` is the client at reuse position ``i``.
         max_wait: N.
+        durations: float array ``(R, K)``: ``durations[r, k]`` is client k's task time in round r
+            (default: 1 each, and integer start times).
 
     Returns:
-        ``start`` (``(R, K)``, int: start time of the client at each reuse *position*) and
-        ``prior`` (``(R, K)``, int: its number of prior neighbours).
+        ``start`` (``(R, K)``: start time of the client at each reuse *position*) and ``prior``
+        (``(R, K)``, int: its number of prior neighbours).
     """
-    _check_int("max_wait", max_wait, 0)
+    check_int("max_wait", max_wait, 0)
     if neighbors.ndim != 3 or order.ndim != 2 or neighbors.shape[:2] != order.shape:
         raise ValueError(f"neighbors must have shape (R, K, M) and order (R, K), got "
                          f"{neighbors.shape} and {order.shape}")
+    if durations is None:
+        dtype, never = np.int64, np.iinfo(np.int64).max
+    else:
+        durations = np.asarray(durations, dtype=np.float64)
+        if durations.shape != order.shape:
+            raise ValueError(f"durations must have shape (R, K) = {order.shape}, got {durations.shape}")
+        if not (np.isfinite(durations) & (durations >= 0)).all():
+            raise ValueError("durations must be finite and >= 0")
+        dtype, never = np.float64, np.inf
     rounds, k_total, m = neighbors.shape
     rows = np.arange(rounds)
     pos = np.empty_like(order)
     pos[rows[:, None], order] = np.arange(k_total)[None, :]
-    finish = np.zeros((rounds, k_total), dtype=np.int64)  # indexed by client
-    start = np.zeros((rounds, k_total), dtype=np.int64)  # indexed by reuse position
+    finish = np.zeros((rounds, k_total), dtype=dtype)  # indexed by client
+    start = np.zeros((rounds, k_total), dtype=dtype)  # indexed by reuse position
     prior = np.zeros((rounds, k_total), dtype=np.int64)
     anyone_waits = m > 0 and max_wait > 0
-    never = np.iinfo(np.int64).max
     for i in range(k_total):
         client = order[:, i]
         nbs = neighbors[rows, client]  # (R, M)
@@ -257,7 +267,7 @@ def simulate_rounds(neighbors: np.ndarray, order: np.ndarray, max_wait: int) -> 
         k_wait = np.minimum(n_prior, max_wait)
         begin = np.where(k_wait > 0, times[rows, np.maximum(k_wait - 1, 0)], 0)
         start[:, i] = begin
-        finish[rows, client] = begin + 1
+        finish[rows, client] = begin + (1 if durations is None else durations[rows, client])
     return start, prior
 
 
@@ -268,9 +278,9 @@ def random_rounds(num_clients: int, num_neighbors: int, rounds: int,
 
     Returns ``neighbors`` ``(R, K, M)`` and ``order`` ``(R, K)`` for :func:`simulate_rounds`.
     """
-    _check_int("num_clients", num_clients, 1)
-    _check_int("num_neighbors", num_neighbors, 0)
-    _check_int("rounds", rounds, 0)
+    check_int("num_clients", num_clients, 1)
+    check_int("num_neighbors", num_neighbors, 0)
+    check_int("rounds", rounds, 0)
     if num_neighbors >= num_clients:
         raise ValueError(f"num_neighbors (M) must be < num_clients (K={num_clients}), got {num_neighbors}")
     k, m = num_clients, num_neighbors
@@ -294,7 +304,7 @@ class SchedulingStats:
             ``1/(M+1)`` in expectation for every N >= 1).
         max_parallelism: mean over rounds of the largest share of clients starting at one
             same time.
-        delay: mean over rounds of the latest start time, in units of one task.
+        delay: mean over rounds of the latest start time, in units of one task (or of the clock).
         delays: per round, the latest start time.
         prior_counts: ``(rounds, K)``; column ``i`` is the number of prior neighbours of the
             client at reuse position ``i`` (0-based; Proposition 1's k is ``i + 1``).
@@ -322,45 +332,56 @@ _BATCH_ELEMENTS = 4_000_000
 
 
 def simulate_dynamic_aggregation(num_clients: int, num_neighbors: int, max_wait: int,
-                                 rounds: int = 10_000, seed: int = 0) -> SchedulingStats:
+                                 rounds: int = 10_000, seed: int = 0, clock: Clock | None = None) -> SchedulingStats:
     """Monte-Carlo estimate of parallelism and delay (Sec. VI-E, Figs. 8-9).
 
     Each round every client gets ``num_neighbors`` (M) distinct random other clients and one
     fresh reuse permutation orders them all; each waits for at most ``max_wait`` (N) prior
-    neighbours; every task takes one unit of time. The draws depend on ``(K, M, rounds,
-    seed)`` only, so runs that differ in N share their random rounds.
+    neighbours. Every task takes one unit of time, or with a ``clock`` (set up here with
+    ``num_clients`` and ``seed``) its time ``clock.compute_times(r)`` in round r. The draws depend
+    on ``(K, M, rounds, seed)`` and the clock only, so runs that differ in N share their rounds.
     """
-    _check_int("num_clients", num_clients, 1)
-    _check_int("num_neighbors", num_neighbors, 0)
-    _check_int("rounds", rounds, 1)
-    _check_int("max_wait", max_wait, 0)
+    check_int("num_clients", num_clients, 1)
+    check_int("num_neighbors", num_neighbors, 0)
+    check_int("rounds", rounds, 1)
+    check_int("max_wait", max_wait, 0)
     if num_neighbors >= num_clients:
         raise ValueError(f"num_neighbors (M) must be < num_clients (K={num_clients}), got {num_neighbors}")
     if max_wait > num_neighbors:
         raise ValueError(f"max_wait (N) must lie in [0, num_neighbors={num_neighbors}], got {max_wait}")
+    if clock is not None:
+        clock.setup(num_clients, seed=seed)
     rng = np.random.default_rng(seed)
     k = num_clients
     batch = max(1, _BATCH_ELEMENTS // max(k * (k - 1), 1))
-    delays = np.empty(rounds, dtype=np.int64)
+    delays = np.empty(rounds, dtype=np.int64 if clock is None else np.float64)
     at_zero = np.empty(rounds, dtype=np.float64)
     largest = np.empty(rounds, dtype=np.float64)
     prior_counts = np.empty((rounds, k), dtype=np.int16 if k < 2**15 else np.int64)
     for lo in range(0, rounds, batch):
         hi = min(lo + batch, rounds)
         neighbors, order = random_rounds(k, num_neighbors, hi - lo, rng)
-        start, prior = simulate_rounds(neighbors, order, max_wait)
+        durations = None if clock is None else np.array([clock.compute_times(r) for r in range(lo, hi)])
+        start, prior = simulate_rounds(neighbors, order, max_wait, durations)
         delays[lo:hi] = start.max(axis=1)
         at_zero[lo:hi] = (start == 0).mean(axis=1)
-        # Start times are integers in [0, K-1]: count them per round with one bincount.
-        flat = (np.arange(hi - lo)[:, None] * k + start).ravel()
-        counts = np.bincount(flat, minlength=(hi - lo) * k).reshape(hi - lo, k)
-        largest[lo:hi] = counts.max(axis=1) / k
+        largest[lo:hi] = _largest_group(start) / k
         prior_counts[lo:hi] = prior
     return SchedulingStats(
         num_clients=k, num_neighbors=num_neighbors, max_wait=max_wait, rounds=rounds, seed=seed,
         parallelism=float(at_zero.mean()), max_parallelism=float(largest.mean()),
         delay=float(delays.mean()), delays=delays, prior_counts=prior_counts,
     )
+
+
+def _largest_group(start: np.ndarray) -> np.ndarray:
+    """Per row, the most start times equal to 9 decimals (as the clock's round metrics group them)."""
+    ordered = np.sort(np.round(start, 9), axis=1)
+    positions = np.arange(ordered.shape[1])
+    new_run = np.ones(ordered.shape, dtype=bool)
+    new_run[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    run_start = np.maximum.accumulate(np.where(new_run, positions, 0), axis=1)
+    return (positions - run_start + 1).max(axis=1)
 
 
 def schedule_table(num_clients: int = 100, neighbor_sizes: Sequence[int] = (2, 5, 10, 20, 50),

@@ -8,6 +8,7 @@ import torch
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DADPFL
+from lightning_dfl.federation.checkpoint_io import CheckpointError, read_state
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -64,11 +65,12 @@ def test_resume_after_a_kill_finishes_identically(tmp_path):
 def test_resume_refuses_another_configuration_and_missing_files(tmp_path):
     first = _trainer(tmp_path, checkpoint_every=2, rounds=2)
     first.fit(*_parts())
+    assert read_state(first.checkpoint_path)["next_round"] == 2  # plain data, read weights-only
     other = FederatedTrainer(algorithm=DADPFL(num_neighbors=2, max_wait=1), rounds=2, local_epochs=1, logger=False,
                              enable_progress_bar=False)
     with pytest.raises(ValueError, match="another configuration"):
         other.fit(*_parts(), ckpt_path=str(first.checkpoint_path))
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    with pytest.raises(CheckpointError, match="no checkpoint at .*nope.ckpt"):
         _trainer(tmp_path).fit(*_parts(), ckpt_path=str(tmp_path / "nope.ckpt"))
     with pytest.raises(ValueError, match="checkpoint_every"):
         _trainer(tmp_path, checkpoint_every=-1)

@@ -7,7 +7,7 @@ import pytest
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DADPFL, RoundContext
-from lightning_dfl.federation.plan import clock_metrics
+from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.scheduling import simulate_round
@@ -22,7 +22,7 @@ def _ctx(round_idx=0, num_clients=8, seed=0):
 def test_n0_is_parallel_dfl():
     plan = DADPFL(num_neighbors=3, max_wait=0).plan_round(_ctx())
     assert all(not s.fresh for t in plan.tasks for s in t.sources)
-    assert clock_metrics(plan) == {"parallelism": 1.0, "max_parallelism": 1.0, "delay": 0.0, "duration": 1.0}
+    assert Clock().round_metrics(plan) == {"parallelism": 1.0, "max_parallelism": 1.0, "delay": 0.0, "duration": 1.0}
 
 
 def test_full_topology_with_n_equal_m_is_sequential():
@@ -33,14 +33,14 @@ def test_full_topology_with_n_equal_m_is_sequential():
     assert [t.node for t in plan.order()] == order
     for position, task in enumerate(plan.order()):  # each client reuses all earlier clients' fresh models
         assert {s.node for s in task.sources if s.fresh} == set(order[:position])
-    assert clock_metrics(plan)["delay"] == 4
+    assert Clock().round_metrics(plan)["delay"] == 4
 
 
 def test_plan_clock_matches_the_scheduling_simulator():
     algo = DADPFL(num_neighbors=3, max_wait=2)
     ctx = _ctx(round_idx=3, num_clients=12, seed=5)
     plan = algo.plan_round(ctx)
-    times = plan.schedule()
+    times = Clock().schedule(plan)
     ctx = _ctx(round_idx=3, num_clients=12, seed=5)  # same draws again
     neighbors = algo.neighbors(ctx)
     order = ctx.rng.permutation(12)

@@ -1,9 +1,11 @@
+from dataclasses import asdict
+
 import pytest
 import torch
 from lightning.fabric import Fabric
 from torch import nn
 
-from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.sparse.masks import ModelMask, density, maskable_parameters
 
 
@@ -93,14 +95,14 @@ def test_client_store_slots_keep_start_of_round_snapshots():
 
 def test_client_state_is_a_plain_serializable_copy(tmp_path):
     template = {"w": torch.zeros(3), "b": torch.zeros(1)}
-    store = ClientStore(template, ["w"], num_nodes=1)
+    store = ClientStore(template, ["w"], num_nodes=1, fields=[StateField("personal_lr")])
     store.initialize(0, {"w": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([4.0])},
                      {"w": torch.tensor([True, False, True])})
-    store.extras[0]["personal_lr"] = 0.5
+    store.write(0, "personal_lr", 0.5)
     state = store.state(0)
     state.weights["w"][0] = 99.0  # a copy: the store is untouched
     assert store.published(0)[0]["w"][0] == 1.0
-    torch.save(state, tmp_path / "client0.pt")
-    loaded = torch.load(tmp_path / "client0.pt", weights_only=False)
-    assert torch.equal(loaded.mask["w"], torch.tensor([True, False, True]))
-    assert loaded.extras == {"personal_lr": 0.5} and loaded.weights["w"][0] == 99.0
+    torch.save(asdict(state), tmp_path / "client0.pt")
+    loaded = torch.load(tmp_path / "client0.pt", weights_only=True)
+    assert torch.equal(loaded["mask"]["w"], torch.tensor([True, False, True]))
+    assert loaded["extras"] == {"personal_lr": torch.tensor(0.5)} and loaded["weights"]["w"][0] == 99.0

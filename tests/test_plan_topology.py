@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
 
-from lightning_dfl.federation.plan import RoundPlan, Source, Task, clock_metrics
+from lightning_dfl.federation.algorithms import DADPFL, RoundContext
+from lightning_dfl.federation.clock import Clock
+from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.topology import (
     FullTopology,
     InDegreeTopology,
@@ -58,9 +60,9 @@ def test_plan_orders_dependencies_and_schedules_clock():
     plan = RoundPlan(0, tasks)
     order = [t.node for t in plan.order()]
     assert order.index(2) > order.index(0) and order.index(2) > order.index(1) and order.index(3) > order.index(2)
-    times = plan.schedule()
+    times = Clock().schedule(plan)
     assert times[0] == (0, 1) and times[1] == (0, 1) and times[2] == (1, 2) and times[3] == (2, 3)
-    m = clock_metrics(plan)
+    m = Clock().round_metrics(plan)
     assert m["parallelism"] == 0.5 and m["delay"] == 2 and m["duration"] == 3 and m["max_parallelism"] == 0.5
 
 
@@ -71,3 +73,37 @@ def test_plan_refuses_cycles_and_missing_tasks():
         RoundPlan(0, [Task(0, sources=(Source(5, fresh=True),))])
     with pytest.raises(ValueError, match="several tasks"):
         RoundPlan(0, [Task(0), Task(0)])
+
+
+def _is_topological(tasks):
+    seen = set()
+    for task in tasks:
+        if not task.waits_for() <= seen:
+            return False
+        seen.add(task.node)
+    return True
+
+
+def test_levels_of_a_chain_and_of_a_parallel_plan():
+    chain = RoundPlan(0, [Task(2, sources=(Source(1, fresh=True),)), Task(0), Task(1, after=(0,))])
+    assert [[t.node for t in level] for level in chain.levels()] == [[0], [1], [2]]
+    parallel = RoundPlan(0, [Task(3, sources=(Source(3), Source(1))), Task(1), Task(2)])
+    assert [[t.node for t in level] for level in parallel.levels()] == [[3, 1, 2]]
+    assert RoundPlan(0, []).levels() == []
+
+
+def test_levels_of_dadpfl_plans_respect_every_wait():
+    for seed, (m, n) in enumerate([(3, 1), (3, 3), (5, 2), (9, 9)]):
+        ctx = RoundContext(seed, 10, 10, (10,) * 10, np.random.default_rng(seed))
+        plan = DADPFL(num_neighbors=m, max_wait=n, topology="full" if m == 9 else "time_varying").plan_round(ctx)
+        levels = plan.levels()
+        depth = {t.node: d for d, level in enumerate(levels) for t in level}
+        for d, level in enumerate(levels):
+            assert level == [t for t in plan.tasks if depth[t.node] == d]  # the plan's order
+            for task in level:
+                assert all(depth[w] < d for w in task.waits_for())
+                assert d == 0 or any(depth[w] == d - 1 for w in task.waits_for())
+        assert _is_topological([t for level in levels for t in level])
+        assert sorted(depth) == list(range(10))
+        if m == n == 9:
+            assert [len(level) for level in levels] == [1] * 10  # sequential

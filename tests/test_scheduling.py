@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+from lightning_dfl.federation.clock import Clock
 from lightning_dfl.scheduling import (
     PruningSchedule,
     detection_score,
@@ -166,6 +167,25 @@ def test_vectorised_rounds_match_single_round_simulation():
             assert prior[r].tolist() == expected_prior
 
 
+def test_vectorised_rounds_with_durations_match_single_rounds():
+    rng = np.random.default_rng(4)
+    neighbors, order = random_rounds(12, 4, 30, rng)
+    durations = rng.uniform(0.5, 4.5, size=(30, 12))
+    for n in (0, 1, 2, 4):
+        start, _ = simulate_rounds(neighbors, order, n, durations)
+        assert start.dtype == np.float64
+        for r in range(30):
+            reuse = np.argsort(order[r])
+            sched = simulate_round(neighbors[r].tolist(), reuse.tolist(), n, durations[r].tolist())
+            assert [sched.start[c] for c in order[r]] == start[r].tolist()
+    unit_start, _ = simulate_rounds(neighbors, order, 2)
+    assert np.array_equal(simulate_rounds(neighbors, order, 2, np.ones((30, 12)))[0], unit_start)
+    with pytest.raises(ValueError, match="durations"):
+        simulate_rounds(neighbors, order, 2, np.ones((30, 11)))
+    with pytest.raises(ValueError, match="durations"):
+        simulate_rounds(neighbors, order, 2, np.full((30, 12), np.nan))
+
+
 def test_random_rounds_draw_distinct_other_neighbours():
     neighbors, order = random_rounds(10, 9, 50, np.random.default_rng(0))
     for r in range(50):
@@ -248,6 +268,19 @@ def test_determinism_and_common_random_numbers():
     d = simulate_dynamic_aggregation(40, 6, 6, 300, seed=9)
     assert np.array_equal(a.prior_counts, d.prior_counts)
     assert np.all(d.delays >= a.delays)  # waiting for more never starts anybody earlier
+
+
+def test_dynamic_aggregation_with_a_clock():
+    unit = simulate_dynamic_aggregation(40, 6, 2, 300, seed=9)
+    fixed = simulate_dynamic_aggregation(40, 6, 2, 300, seed=9, clock=Clock())
+    assert (fixed.parallelism, fixed.max_parallelism, fixed.delay) == (unit.parallelism, unit.max_parallelism,
+                                                                       unit.delay)
+    timed = simulate_dynamic_aggregation(40, 6, 2, 300, seed=9, clock=Clock(distribution="discrete", noise=0.2))
+    # Durations never change who is prior, and only clients without prior neighbours start at 0.
+    assert np.array_equal(timed.prior_counts, unit.prior_counts) and timed.parallelism == unit.parallelism
+    assert timed.delays.dtype == np.float64 and timed.delay != unit.delay
+    again = simulate_dynamic_aggregation(40, 6, 2, 300, seed=9, clock=Clock(distribution="discrete", noise=0.2))
+    assert np.array_equal(again.delays, timed.delays)
 
 
 @pytest.mark.parametrize("args,word", [

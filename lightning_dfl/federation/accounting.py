@@ -13,7 +13,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-BYTES_PER_VALUE = 4
+from lightning_dfl.stats import mean_std  # re-exported: the engine imports it from here
+
 
 
 @dataclass
@@ -28,14 +29,8 @@ class ClientRecord:
     loss: float = float("nan")
     acc_aggregated: float | None = None
     acc_trained: float | None = None
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and population standard deviation (NaN for no values)."""
-    if not values:
-        return float("nan"), float("nan")
-    mean = sum(values) / len(values)
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    #: further per-client numbers an algorithm reports (``TaskContext.report``), as clients.csv columns
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -48,16 +43,18 @@ class RoundAccounting:
     upload: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     mask_download: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     mask_upload: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    #: bytes per (sender, receiver) edge, for the clock's transfer times
+    edge_bytes: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
 
-    def transfer(self, sender: int, receiver: int, values: int, mask_entries: int = 0) -> None:
-        """One model crossing the network: ``values`` active values and, if sent, its mask."""
-        nbytes = values * BYTES_PER_VALUE
-        self.upload[sender] += nbytes
-        self.download[receiver] += nbytes
-        if mask_entries:
-            mask_bytes = math.ceil(mask_entries / 8)
-            self.mask_upload[sender] += mask_bytes
-            self.mask_download[receiver] += mask_bytes
+    def transfer(self, sender: int, receiver: int, value_bytes: int, index_bytes: int = 0) -> None:
+        """One message crossing the network: its values' bytes and its side information's (mask
+        bits, indices), as the message's codec counted them."""
+        self.upload[sender] += value_bytes
+        self.download[receiver] += value_bytes
+        self.edge_bytes[(sender, receiver)] += value_bytes + index_bytes
+        if index_bytes:
+            self.mask_upload[sender] += index_bytes
+            self.mask_download[receiver] += index_bytes
 
     def client_rows(self) -> list[dict[str, float | int | None]]:
         """One row per client that ran a task: its density, accuracies, FLOPs and bytes."""
@@ -66,6 +63,7 @@ class RoundAccounting:
             "acc_aggregated": r.acc_aggregated, "acc_trained": r.acc_trained, "loss": r.loss,
             "train_samples": r.train_samples, "flops": r.flops,
             "bytes_received": self.download.get(r.client, 0), "bytes_sent": self.upload.get(r.client, 0),
+            **r.extra,
         } for r in sorted(self.records, key=lambda r: r.client)]
 
     def metrics(self) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""A round as a plan of tasks with "after" edges, and its simulated clock.
+"""A round as a plan of tasks with "after" edges (its clock: ``lightning_dfl.federation.clock``).
 
 Parallel DFL (every task reads start-of-round models), DA-DPFL's in-round reuse (a task reads
 the fresh models of the prior neighbours it waits for), PSFL's chains (each task reads its
@@ -99,32 +99,13 @@ class RoundPlan:
         """Tasks in a dependency-respecting order (ties in the plan's own order)."""
         return list(self._order)
 
-    def schedule(self, durations: Sequence[float] | None = None) -> dict[int, tuple[float, float]]:
-        """Simulated ``(start, finish)`` per node: a task starts when all it waits for have ended.
-
-        ``durations`` are per node (default 1 for training tasks, 0 for the others).
-        """
-        times: dict[int, tuple[float, float]] = {}
+    def levels(self) -> list[list[Task]]:
+        """Tasks by dependency depth: level 0 waits for nobody, level d's deepest dependency is at
+        level d - 1; each level in the plan's order (their concatenation is a topological order)."""
+        depth: dict[int, int] = {}
         for task in self._order:
-            start = max((times[d][1] for d in task.waits_for()), default=0.0)
-            duration = durations[task.node] if durations is not None else (1.0 if task.train else 0.0)
-            times[task.node] = (start, start + duration)
-        return times
-
-
-def clock_metrics(plan: RoundPlan, durations: Sequence[float] | None = None) -> dict[str, float]:
-    """Parallelism (share of training tasks starting at 0), the largest share starting at one time,
-    delay (latest start of a training task) and the round's simulated duration (DA-DPFL Sec. VI-E)."""
-    times = plan.schedule(durations)
-    starts = [times[t.node][0] for t in plan.tasks if t.train]
-    if not starts:
-        return {"parallelism": 0.0, "max_parallelism": 0.0, "delay": 0.0, "duration": 0.0}
-    counts: dict[float, int] = {}
-    for s in starts:
-        counts[round(s, 9)] = counts.get(round(s, 9), 0) + 1
-    return {
-        "parallelism": counts.get(0.0, 0) / len(starts),
-        "max_parallelism": max(counts.values()) / len(starts),
-        "delay": max(starts),
-        "duration": max(f for _, f in times.values()),
-    }
+            depth[task.node] = 1 + max((depth[d] for d in task.waits_for()), default=-1)
+        levels: list[list[Task]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+        for task in self.tasks:
+            levels[depth[task.node]].append(task)
+        return levels

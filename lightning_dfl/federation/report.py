@@ -1,7 +1,9 @@
-"""What a run shows a person: a progress bar over rounds and a closing summary."""
+"""What a run reports: metrics per round to the loggers (flushed every round), per-client rows to
+``clients.csv``, the best headline accuracy, a progress bar over rounds and a closing summary."""
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +23,79 @@ from rich.progress import (
 from rich.table import Table
 
 MB = 1e6
+CLIENTS_CSV = "clients.csv"
+
+
+class RoundReporter:
+    """Writes each round's metrics to the logger and flushes it (a killed run keeps its
+    ``metrics.csv``), and appends per-client rows to ``<log_dir>/clients.csv``."""
+
+    def __init__(self, logger: Any, is_global_zero: bool = True) -> None:
+        self.logger = logger
+        self.is_global_zero = is_global_zero
+        self._client_fields: list[str] | None = None
+
+    @property
+    def log_dir(self) -> str | None:
+        return getattr(self.logger, "log_dir", None) if self.logger else None
+
+    def log_round(self, round_idx: int, metrics: dict[str, float], client_rows: list[dict[str, Any]]) -> None:
+        """Log one round and flush the logger; append its client rows."""
+        if self.logger is not None:
+            self.logger.log_metrics(metrics, step=round_idx)
+            self.logger.save()
+        self._write_client_rows(client_rows)
+
+    def replay(self, history: list[dict[str, float]], previous_log_dir: Path) -> None:
+        """A resumed run: log the checkpoint's rounds again (so this run's metrics cover every round)
+        and start its ``clients.csv`` from the previous run's."""
+        if self.logger is not None:
+            for round_idx, metrics in enumerate(history):
+                self.logger.log_metrics(metrics, step=round_idx)
+            self.logger.save()
+        if self.log_dir is None or not self.is_global_zero:
+            return
+        earlier = Path(previous_log_dir) / CLIENTS_CSV
+        mine = Path(self.log_dir) / CLIENTS_CSV
+        if earlier.is_file() and earlier.resolve() != mine.resolve():
+            mine.parent.mkdir(parents=True, exist_ok=True)
+            rows = [r for r in csv.DictReader(earlier.open()) if int(r["round"]) < len(history)]
+            if rows:
+                with mine.open("w", newline="") as f:
+                    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                    writer.writeheader()
+                    writer.writerows(rows)
+                self._client_fields = list(rows[0])
+
+    def _write_client_rows(self, rows: list[dict[str, Any]]) -> None:
+        if not rows or self.log_dir is None or not self.is_global_zero:
+            return
+        path = Path(self.log_dir) / CLIENTS_CSV
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fields = list(dict.fromkeys(k for row in rows for k in row))
+        if self._client_fields is None or not path.exists():
+            with path.open("w", newline="") as f:
+                csv.DictWriter(f, fieldnames=fields).writeheader()
+            self._client_fields = fields
+        elif set(fields) - set(self._client_fields):  # a new column: rewrite with the wider header
+            old = list(csv.DictReader(path.open()))
+            self._client_fields += [k for k in fields if k not in self._client_fields]
+            with path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self._client_fields)
+                writer.writeheader()
+                writer.writerows(old)
+        with path.open("a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self._client_fields).writerows(rows)
+
+    @staticmethod
+    def update_best(metrics: dict[str, float], history: list[dict[str, float]], headline: str) -> None:
+        """Add ``acc/headline`` (the personal or the consensus mean) and ``acc/best`` so far."""
+        key = "acc/consensus_mean" if headline == "consensus" else "acc/personal_mean"
+        if key in metrics:
+            metrics["acc/headline"] = metrics[key]
+        previous = [m["acc/headline"] for m in history if "acc/headline" in m]
+        if "acc/headline" in metrics or previous:
+            metrics["acc/best"] = max(previous + ([metrics["acc/headline"]] if "acc/headline" in metrics else []))
 
 
 @dataclass

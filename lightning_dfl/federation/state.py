@@ -10,11 +10,15 @@ the pointers of the nodes that wrote. No model is copied at the round's end.
 The node's *current mask* (the one it trains with next, after RigL) is kept separately from the
 published mask, since aggregation multiplies the neighbours' average by the receiver's current mask
 while each neighbour's model travels with the mask it was trained with (DisPFL Alg. 1, DA-DPFL Eq. 7).
+
+Algorithms and callbacks keep per-client state in the store too, as declared :class:`StateField`\ s
+(Ditto's personal model, momentum buffers, a peer weight row, voting's Delta history): the store is
+the one place a checkpoint (and later a shard) needs, and callbacks keep no per-client state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +28,44 @@ from torch import Tensor
 from lightning_dfl.sparse.masks import Masks
 
 
+# -- declared per-client fields ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateField:
+    """A per-node value an algorithm or a callback declares; it lives in the store.
+
+    Args:
+        name: unique key, by convention ``"<owner>/<what>"`` (``"ditto/personal"``, ``"voting/delta_first"``).
+        shape: the value's shape per node (``()`` for a scalar); ignored when ``like`` is set.
+        dtype: its dtype (``None`` with ``like="weights"``: each parameter's own dtype).
+        fill: the initial value of every entry (``float("nan")`` marks "not set yet").
+        like: ``"weights"``: one tensor per model entry with the weights' shapes (a personal model,
+            momentum buffers, tracking variables); ``"mask"``: one per masked parameter (a mask
+            history, initial masks); ``None``: a single tensor of ``shape``.
+        published: neighbours read it like the model (two slots: start of round and this round's,
+            written with :meth:`ClientStore.publish`); else private to the node.
+    """
+
+    name: str
+    shape: tuple[int, ...] = ()
+    dtype: torch.dtype | None = torch.float32
+    fill: float = 0.0
+    like: str | None = None
+    published: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"a state field needs a non-empty name, got {self.name!r}")
+        if self.like not in (None, "weights", "mask"):
+            raise ValueError(f"field {self.name!r}: like must be None, 'weights' or 'mask', got {self.like!r}")
+        if self.like is None and self.dtype is None:
+            raise ValueError(f"field {self.name!r}: a dtype is needed unless like='weights'")
+
+
 @dataclass
 class ClientState:
-    """A plain, serializable view of one node: its published model, masks and extras."""
+    """A plain, serializable copy of one node: its published model, masks and declared fields."""
 
     weights: dict[str, Tensor]
     published_mask: Masks
@@ -42,10 +81,11 @@ class ClientStore:
         masked_names: the names that carry a mask (a subset of ``template``).
         num_nodes: clients plus servers.
         device: where the stacked tensors live (CPU by default).
+        fields: per-node values declared by the algorithm and the callbacks.
     """
 
     def __init__(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", fields: Iterable[StateField] = ()) -> None:
         unknown = sorted(set(masked_names) - set(template))
         if unknown:
             raise ValueError(f"masked names not in the template: {unknown}")
@@ -64,7 +104,64 @@ class ClientStore:
         # values each published model sends (active masked entries + unmasked entries), per slot
         self.active = torch.zeros((2, num_nodes), dtype=torch.long)
         self._written: set[int] = set()
-        self.extras: list[dict[str, Any]] = [{} for _ in range(num_nodes)]
+        self.field_specs: dict[str, StateField] = {}
+        self.fields: dict[str, dict[str, Tensor]] = {}
+        for spec in fields:
+            self.declare(spec, template)
+
+    # -- declared fields ----------------------------------------------------------------
+    def declare(self, spec: StateField, template: Mapping[str, Tensor]) -> None:
+        """Allocate a declared field for every node, filled with ``spec.fill``."""
+        if spec.name in self.field_specs:
+            raise ValueError(f"state field {spec.name!r} is declared twice")
+        if spec.like == "weights":
+            parts = {n: (tuple(t.shape), spec.dtype or t.dtype) for n, t in template.items() if t.is_floating_point()}
+        elif spec.like == "mask":
+            parts = {n: (tuple(template[n].shape), spec.dtype) for n in self.masked_names}
+        else:
+            parts = {"": (tuple(spec.shape), spec.dtype)}
+        lead = (2, self.num_nodes) if spec.published else (self.num_nodes,)
+        self.fields[spec.name] = {part: torch.full((*lead, *shape), spec.fill, dtype=dtype, device=self.device)
+                                  for part, (shape, dtype) in parts.items()}
+        self.field_specs[spec.name] = spec
+
+    def _field(self, name: str) -> dict[str, Tensor]:
+        if name not in self.fields:
+            raise KeyError(f"no state field {name!r}; declared: {sorted(self.fields)}")
+        return self.fields[name]
+
+    def read(self, node: int, name: str, fresh: bool = False) -> Tensor | dict[str, Tensor]:
+        """A view of ``node``'s field ``name`` (a tensor, or a dict by parameter for ``like`` fields);
+        a published field reads the start-of-round value, or this round's if ``fresh``."""
+        spec, parts = self.field_specs.get(name), self._field(name)
+        if spec.published:
+            slot = self._slot(node, fresh)
+            views = {part: t[slot, node] for part, t in parts.items()}
+        else:
+            views = {part: t[node] for part, t in parts.items()}
+        return views[""] if spec.like is None else views
+
+    @torch.no_grad()
+    def write(self, node: int, name: str, value: Tensor | float | Mapping[str, Tensor]) -> None:
+        """Set ``node``'s private field ``name`` (published fields are written by :meth:`publish`)."""
+        spec, parts = self.field_specs.get(name), self._field(name)
+        if spec.published:
+            raise RuntimeError(f"field {name!r} is published: write it with publish(node, ..., fields={{...}})")
+        self._copy_parts(parts, node, None, value, name)
+
+    def _copy_parts(self, parts: dict[str, Tensor], node: int, slot: int | None,
+                    value: Tensor | float | Mapping[str, Tensor], name: str) -> None:
+        if isinstance(value, Mapping):
+            missing = sorted(set(parts) - set(value))
+            if missing:
+                raise ValueError(f"field {name!r}: no value for {missing}")
+            for part, t in parts.items():
+                (t[node] if slot is None else t[slot, node]).copy_(value[part])
+        else:
+            if set(parts) != {""}:
+                raise ValueError(f"field {name!r} holds one tensor per parameter: pass a dict")
+            target = parts[""][node] if slot is None else parts[""][slot, node]
+            target.copy_(torch.as_tensor(value, dtype=target.dtype, device=target.device))
 
     # -- slots --------------------------------------------------------------------------
     def _slot(self, node: int, fresh: bool) -> int:
@@ -96,16 +193,32 @@ class ClientStore:
         self.active[slot, node] = self._count(mask)
 
     @torch.no_grad()
-    def publish(self, node: int, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None) -> None:
-        """Write the model ``node`` publishes in this round (weights and the mask trained with)."""
+    def publish(self, node: int, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None,
+                fields: Mapping[str, Tensor | float | Mapping[str, Tensor]] | None = None) -> None:
+        """Write the model ``node`` publishes in this round (weights and the mask trained with) and
+        its published fields (those not given keep their start-of-round value)."""
         if node in self._written:
             raise RuntimeError(f"node {node} published twice in one round")
-        slot = 1 - int(self.slot[node])
+        fields = dict(fields or {})
+        private = sorted(n for n in fields if not self.field_specs.get(n, StateField(n, published=True)).published)
+        if private:
+            raise ValueError(f"fields {private} are not published fields; write them with write()")
+        current = int(self.slot[node])
+        slot = 1 - current
         for n in self.names:
             self.weights[n][slot, node].copy_(weights[n])
         for n in self.masked_names:
             self.published_masks[n][slot, node].copy_(mask[n] if mask is not None else True)
         self.active[slot, node] = self._count(mask)
+        for name, spec in self.field_specs.items():
+            if not spec.published:
+                continue
+            parts = self.fields[name]
+            if name in fields:
+                self._copy_parts(parts, node, slot, fields[name], name)
+            else:
+                for t in parts.values():
+                    t[slot, node].copy_(t[current, node])
         self._written.add(node)
 
     def _count(self, mask: Mapping[str, Tensor] | None) -> int:
@@ -146,11 +259,17 @@ class ClientStore:
     def state(self, node: int) -> ClientState:
         """A detached copy of one node's state (for checkpoints and inspection)."""
         weights, published_mask = self.published(node)
+
+        def copy(value: Tensor | dict[str, Tensor]) -> Tensor | dict[str, Tensor]:
+            if isinstance(value, dict):
+                return {n: t.detach().cpu().clone() for n, t in value.items()}
+            return value.detach().cpu().clone()
+
         return ClientState(
-            weights={n: t.detach().cpu().clone() for n, t in weights.items()},
-            published_mask={n: m.detach().cpu().clone() for n, m in published_mask.items()},
-            mask={n: m.detach().cpu().clone() for n, m in self.mask(node).items()},
-            extras=dict(self.extras[node]),
+            weights=copy(weights),
+            published_mask=copy(published_mask),
+            mask=copy(self.mask(node)),
+            extras={name: copy(self.read(node, name)) for name in self.fields},
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -158,25 +277,49 @@ class ClientStore:
         if self._written:
             raise RuntimeError("the store can be saved between rounds only")
         return {"weights": self.weights, "published_masks": self.published_masks, "masks": self.masks,
-                "slot": self.slot, "active": self.active, "extras": self.extras}
+                "slot": self.slot, "active": self.active, "fields": self.fields}
 
     @torch.no_grad()
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output into this store (same nodes, names and shapes)."""
-        for key in ("weights", "published_masks", "masks"):
-            mine, theirs = getattr(self, key), state[key]
+        """Restore :meth:`state_dict`'s output into this store (same nodes, names, fields and shapes)."""
+        pairs = [(key, getattr(self, key), state[key]) for key in ("weights", "published_masks", "masks")]
+        theirs_fields = state.get("fields", {})
+        if set(theirs_fields) != set(self.fields):
+            raise ValueError(f"the checkpoint's state fields {sorted(theirs_fields)} differ from this run's "
+                             f"{sorted(self.fields)}")
+        pairs += [(f"field {name!r}", self.fields[name], theirs_fields[name]) for name in self.fields]
+        for key, mine, theirs in pairs:
             if set(mine) != set(theirs) or any(mine[n].shape != theirs[n].shape for n in mine):
                 raise ValueError(f"the checkpoint's {key} do not fit this store: it has "
                                  f"{ {n: tuple(t.shape) for n, t in theirs.items()} }, the store "
                                  f"{ {n: tuple(t.shape) for n, t in mine.items()} }")
+        for _, mine, theirs in pairs:
             for n in mine:
                 mine[n].copy_(theirs[n])
         self.slot.copy_(state["slot"])
         self.active.copy_(state["active"])
-        self.extras = [dict(e) for e in state["extras"]]
         self._written.clear()
 
     def nbytes(self) -> int:
         """Memory held by the store's tensors."""
         tensors = [*self.weights.values(), *self.published_masks.values(), *self.masks.values()]
+        tensors += [t for parts in self.fields.values() for t in parts.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class ClientFields:
+    """One node's declared fields as a mapping: ``fields[name]`` reads a view, ``fields[name] = value``
+    writes a private field (the duck-typed handle callbacks get from ``trainer.client_state(k)``)."""
+
+    def __init__(self, store: ClientStore, node: int) -> None:
+        self.store = store
+        self.node = node
+
+    def __getitem__(self, name: str) -> Tensor | dict[str, Tensor]:
+        return self.store.read(self.node, name)
+
+    def __setitem__(self, name: str, value: Tensor | float | Mapping[str, Tensor]) -> None:
+        self.store.write(self.node, name, value)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.store.fields

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-TOPOLOGIES = ("time_varying", "time_varying_in_degree", "ring", "full")
+from lightning_dfl.registry import Registry
 
 
 class Topology:
@@ -95,12 +95,13 @@ class FullTopology(Topology):
         return [[j for j in range(num_clients) if j != k] for k in range(num_clients)]
 
 
+#: Name -> topology class (each class's ``name``).
+TOPOLOGIES: Registry[type[Topology]] = Registry(
+    "topology", [(cls.name, cls) for cls in (TimeVaryingTopology, InDegreeTopology, RingTopology, FullTopology)]
+)
+
+
 def build_topology(name: str, num_neighbors: int) -> Topology:
-    """A topology by name: one of :data:`TOPOLOGIES`."""
-    classes = {"time_varying": TimeVaryingTopology, "time_varying_in_degree": InDegreeTopology,
-               "ring": RingTopology}
-    if name == "full":
-        return FullTopology()
-    if name not in classes:
-        raise ValueError(f"unknown topology {name!r}; allowed: {', '.join(TOPOLOGIES)}")
-    return classes[name](num_neighbors)
+    """A topology by name: one of :data:`TOPOLOGIES` (``"full"`` ignores ``num_neighbors``)."""
+    cls = TOPOLOGIES.get(name)
+    return FullTopology() if cls is FullTopology else cls(num_neighbors)

@@ -1,17 +1,16 @@
-"""``FederatedTrainer``: runs a federation's rounds with one worker module under Fabric.
+"""``FederatedTrainer``: set-up and the round loop of a federation, on one worker under Fabric.
 
 The loop is explicit, in the spirit of Fabric's build-your-own-trainer example: per round the
-algorithm plans tasks, each task loads one client's state into the worker, aggregates, trains,
-evaluates and publishes, callbacks receive named hooks on the way, and an accounting record
-becomes one row of metrics in the Lightning loggers.
+algorithm chooses the participants and plans tasks (:mod:`~lightning_dfl.federation.plan`), the
+executor runs them level by level (:mod:`~lightning_dfl.federation.executor`), the clock times them
+(:mod:`~lightning_dfl.federation.clock`), and the round's metrics go to the Lightning loggers
+(:mod:`~lightning_dfl.federation.report`). Callbacks receive named hooks on the way.
 """
 
 from __future__ import annotations
 
-import csv
-import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,41 +20,19 @@ from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import MixedPrecision
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
-from torch import Tensor
 
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting, mean_std
 from lightning_dfl.federation.aggregation import masked_average
-from lightning_dfl.federation.algorithms import Algorithm, DisPFL, RoundContext
+from lightning_dfl.federation.algorithms import Algorithm, DisPFL
 from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
-from lightning_dfl.federation.plan import Task, clock_metrics
-from lightning_dfl.federation.report import RunSummary, print_summary, progress_bar
-from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.clock import Clock
+from lightning_dfl.federation.context import CountingBatches, RoundContext
+from lightning_dfl.federation.evaluation import shared_model_metrics
+from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED, SerialExecutor
+from lightning_dfl.federation.report import RoundReporter, RunSummary, print_summary, progress_bar
+from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
-
-_TRAIN_HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward",
-                "on_before_optimizer_step", "on_train_batch_end")
-
-
-class CountingBatches:
-    """An iterable of batches that counts the samples drawn from it (for FLOPs accounting) and
-    converts their floating tensors with ``convert`` (the precision plugin's input dtype)."""
-
-    def __init__(self, batches: Iterable[tuple[Tensor, Tensor]],
-                 convert: Callable[[Any], Any] | None = None) -> None:
-        self._batches = batches
-        self._convert = convert
-        self.samples = 0
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        for batch in self._batches:
-            self.samples += int(batch[1].shape[0])
-            yield self._convert(batch) if self._convert is not None else batch
-
-    def __len__(self) -> int:
-        return len(self._batches)  # type: ignore[arg-type]
-
 
 class FederatedTrainer:
     """Trains a federation of clients that share one architecture.
@@ -64,6 +41,8 @@ class FederatedTrainer:
         algorithm: the federated algorithm (DisPFL, D-PSGD, Local, FedAvg, ...).
         rounds: communication rounds T.
         local_epochs: local epochs E per round.
+        local_steps: if set, each client runs exactly this many optimizer steps per round instead of
+            ``local_epochs`` epochs (PSFL's local work; passes over the data restart as needed).
         eval_every: evaluate every this many rounds (the last round always).
         accelerator, devices, precision, strategy: passed to ``lightning.fabric.Fabric``.
         callbacks: Lightning callbacks; they receive the training hooks and the federated hooks
@@ -73,13 +52,18 @@ class FederatedTrainer:
         default_root_dir: where loggers write (``<root>/<algorithm>/version_N``).
         seed: seed of every random stream (topology, sampling, data order, masks).
         client_speeds: relative compute speed of each client for the simulated clock (a task
-            takes ``1 / speed`` time units; default all 1).
+            takes ``1 / speed`` time units; default all 1); a shortcut for ``clock=Clock(speeds=...)``.
+        clock: the simulated clock (:class:`~lightning_dfl.federation.clock.Clock`: per-client compute
+            times, fixed or drawn with per-round noise, and transfer times); default unit times.
         store_device: where client states live (``"cpu"``, or ``"worker"`` for the worker's device).
         enable_progress_bar: show a progress bar over rounds and a summary at the end.
         checkpoint_every: save the federation's state every this many rounds (and after the last)
             to :attr:`checkpoint_path`; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.
         cpu_threads: if set, ``torch.set_num_threads(cpu_threads)`` before training. Small models
             train several times faster on one thread than on many (intra-op overhead).
+        resume_allow: settings that may differ from the checkpoint's when resuming with
+            ``fit(..., ckpt_path=...)`` (e.g. ``["lr"]``); ``rounds``, ``eval_every`` and
+            ``checkpoint_every`` may always change.
     """
 
     is_federated = True
@@ -89,6 +73,7 @@ class FederatedTrainer:
         algorithm: Algorithm | None = None,
         rounds: int = 100,
         local_epochs: int = 5,
+        local_steps: int | None = None,
         eval_every: int = 1,
         accelerator: str = "auto",
         devices: int | str = 1,
@@ -99,10 +84,12 @@ class FederatedTrainer:
         default_root_dir: str = "runs",
         seed: int = 0,
         client_speeds: Sequence[float] | None = None,
+        clock: Clock | None = None,
         store_device: str = "cpu",
         enable_progress_bar: bool = True,
         checkpoint_every: int = 0,
         cpu_threads: int | None = None,
+        resume_allow: Sequence[str] = (),
     ) -> None:
         self.algorithm = algorithm if algorithm is not None else DisPFL()
         if not isinstance(self.algorithm, Algorithm):
@@ -112,6 +99,8 @@ class FederatedTrainer:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
         if local_epochs < 0:
             raise ValueError(f"local_epochs must be >= 0, got {local_epochs}")
+        if local_steps is not None and local_steps < 1:
+            raise ValueError(f"local_steps must be >= 1 (or None: local_epochs epochs), got {local_steps}")
         if eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every}")
         if devices not in (1, "1"):
@@ -129,16 +118,24 @@ class FederatedTrainer:
         if cpu_threads is not None and cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads}")
         self.cpu_threads = cpu_threads
+        if client_speeds is not None and clock is not None:
+            raise ValueError("give client_speeds or a clock, not both (client_speeds is Clock(speeds=...))")
         if client_speeds is not None and any(s <= 0 for s in client_speeds):
             raise ValueError(f"client_speeds must all be > 0, got {list(client_speeds)}")
+        if clock is not None and not isinstance(clock, Clock):
+            raise ValueError(f"clock must be a lightning_dfl.federation.clock.Clock, got {type(clock).__name__}")
+        self.clock = clock if clock is not None else Clock(speeds=client_speeds)
+        self.resume_allow = tuple(resume_allow)
         self.rounds = rounds
         self.local_epochs = local_epochs
+        self.local_steps = local_steps
         self.eval_every = eval_every
         self.seed = seed
         self.client_speeds = list(client_speeds) if client_speeds is not None else None
         self.store_device = store_device
         self.enable_progress_bar = enable_progress_bar
         self.default_root_dir = default_root_dir
+        self.precision = precision
         self._fabric_kwargs = {"accelerator": accelerator, "devices": 1, "precision": precision, "strategy": strategy}
         self.fabric = Fabric(**self._fabric_kwargs)  # validates accelerator and precision now; rebuilt in fit
         self.callbacks = self._merge_callbacks(callbacks)
@@ -149,6 +146,8 @@ class FederatedTrainer:
         self.history: list[dict[str, float]] = []
         self.summary: RunSummary | None = None
         self.store: ClientStore | None = None
+        self.executor = SerialExecutor(self)
+        self._extra_metrics: dict[str, float] = {}
 
     # -- properties Lightning callbacks look for ----------------------------------------
     @property
@@ -240,11 +239,13 @@ class FederatedTrainer:
         self.optimizer = self.fabric.setup_optimizers(model.make_optimizer())
         # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
         plugin = self.fabric.strategy.precision
-        self._convert_input = None if isinstance(plugin, MixedPrecision) else plugin.convert_input
+        self.convert_input = None if isinstance(plugin, MixedPrecision) else plugin.convert_input
         self.worker = {n: t for n, t in model.model.state_dict(keep_vars=False).items() if t.is_floating_point()}
         store_device = "cpu" if self.store_device == "cpu" else self.fabric.device
         num_nodes = num_clients + self.algorithm.num_servers
-        self.store = ClientStore(self.worker, list(model.mask.masks), num_nodes, device=store_device)
+        self.clock.setup(num_clients, self.algorithm.num_servers, self.seed)
+        self.store = ClientStore(self.worker, list(model.mask.masks), num_nodes, device=store_device,
+                                 fields=self._state_fields(model))
         shared_mask = model.mask.state()
         for node in range(num_nodes):
             if self.algorithm.personal_masks and node < num_clients:
@@ -256,6 +257,7 @@ class FederatedTrainer:
         self.sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
         for callback in self.callbacks:
             callback.setup(self, model, "fit")
+        self.reporter = RoundReporter(self.logger, self.is_global_zero)
         if self.logger is not None:
             self.logger.log_hyperparams({
                 "algorithm": repr(self.algorithm), "rounds": self.rounds, "local_epochs": self.local_epochs,
@@ -263,12 +265,32 @@ class FederatedTrainer:
                 **{f"data/{k}": v for k, v in datamodule.hparams.items()},
             })
 
+    def _state_fields(self, model: SparseClassifier) -> list[StateField]:
+        """The store's declared fields: the algorithm's, its kept optimizer state, the callbacks'."""
+        fields = list(self.algorithm.state_fields())
+        for key in self.algorithm.keep_optimizer_state:
+            fields.append(StateField(OPTIMIZER_FIELD.format(key), like="weights", dtype=None))
+        if self.algorithm.keep_optimizer_state:
+            fields.append(StateField(OPTIMIZER_STARTED, dtype=torch.bool))
+        for callback in self.callbacks:
+            declare = getattr(callback, "client_state_fields", None)
+            if callable(declare):
+                fields.extend(StateField(**spec) for spec in declare(self, model))
+        return fields
+
+    def client_state(self, client: int) -> ClientFields:
+        """A client's declared fields, read and written by name (callbacks keep their per-client
+        state here: ``trainer.client_state(k)["voting/delta_first"]``)."""
+        return ClientFields(self.store, client)
+
     # -- the loop -----------------------------------------------------------------------
     def fit(self, model: SparseClassifier, datamodule: FederatedDataModule,
             ckpt_path: str | None = None) -> RunSummary:
         """Run all rounds (from ``ckpt_path``'s next round when given); return and print the summary."""
         self._setup(model, datamodule)
-        first_round = load_checkpoint(self, ckpt_path) if ckpt_path is not None else 0
+        first_round = load_checkpoint(self, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
+        if first_round:
+            self.reporter.replay(self.history, Path(ckpt_path).parent.parent)
         self._call("on_fit_start")
         self._call("on_train_start")
         start = time.perf_counter()
@@ -280,7 +302,8 @@ class FederatedTrainer:
                                               or round_idx == self.rounds - 1):
                     save_checkpoint(self, self.checkpoint_path)
                 advance(metrics)
-        self.summary = RunSummary.from_history(self.algorithm, self.history, time.perf_counter() - start,
+        earlier = sum(m.get("time/wall_round_s", 0.0) for m in self.history[:first_round])
+        self.summary = RunSummary.from_history(self.algorithm, self.history, earlier + time.perf_counter() - start,
                                                self.log_dir)
         self._call("on_train_end")
         self._call("on_fit_end")
@@ -292,154 +315,53 @@ class FederatedTrainer:
             print_summary(self.summary)
         return self.summary
 
+    def round_context(self, round_idx: int) -> RoundContext:
+        """What the algorithm reads when it plans ``round_idx``: sizes, the plan stream, the clock's
+        compute times and the participants."""
+        durations = self.clock.compute_times(round_idx)
+        ctx = RoundContext(round_idx, self.rounds, self.num_clients, self.sample_counts,
+                           np.random.default_rng(derive_seed(self.seed, "plan", round_idx)),
+                           durations[:self.num_clients])
+        participants = self.algorithm.participants(ctx)
+        if participants is None:
+            return ctx
+        chosen = tuple(sorted(int(k) for k in participants))
+        bad = [k for k in chosen if not 0 <= k < self.num_clients]
+        if bad or len(set(chosen)) != len(chosen):
+            raise ValueError(f"{type(self.algorithm).__name__}.participants returned {list(participants)}: "
+                             f"expected distinct client ids in 0..{self.num_clients - 1}")
+        return RoundContext(ctx.round_idx, ctx.num_rounds, ctx.num_clients, ctx.sample_counts, ctx.rng,
+                            ctx.durations, chosen)
+
     def run_round(self, round_idx: int) -> dict[str, float]:
         """Plan and run one round; log and return its metrics."""
         wall = time.perf_counter()
         self.current_round = round_idx
-        self._extra_metrics: dict[str, float] = {}
-        rng = np.random.default_rng(derive_seed(self.seed, "plan", round_idx))
-        durations = self._durations()
-        ctx = RoundContext(round_idx, self.rounds, self.num_clients, self.sample_counts, rng,
-                           durations[:self.num_clients] if durations is not None else None)
+        self._extra_metrics = {}
+        ctx = self.round_context(round_idx)
         plan = self.algorithm.plan_round(ctx)
         self._call("on_federated_round_start")
         evaluate = (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
-        accounting = RoundAccounting(round_idx)
-        for task in plan.order():
-            self._run_task(task, accounting, evaluate)
-        self.current_client = None
+        accounting = self.executor.run(plan, evaluate)
         self.store.end_round()
-        self._write_client_rows(accounting.client_rows())
         metrics = accounting.metrics()
-        metrics.update({f"time/{k}": v for k, v in clock_metrics(plan, self._durations()).items()})
+        timing = self.clock.round_metrics(plan, self.clock.compute_times(round_idx), accounting.edge_bytes)
+        metrics.update({f"time/{k}": v for k, v in timing.items()})
+        self.clock.advance(timing["duration"])
         if evaluate:
             metrics.update(self._consensus_metrics())
         self._call("on_federated_round_end")
         metrics.update(self._extra_metrics)
-        self._update_best(metrics)
+        self.reporter.update_best(metrics, self.history, self.algorithm.headline)
         metrics["time/wall_round_s"] = time.perf_counter() - wall
         self.history.append(metrics)
-        if self.logger is not None:
-            self.logger.log_metrics(metrics, step=round_idx)
+        self.reporter.log_round(round_idx, metrics, accounting.client_rows())
         return metrics
 
-    def _write_client_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Append per-client rows to ``<log_dir>/clients.csv`` (density, accuracy, FLOPs, bytes)."""
-        if not rows or self.log_dir is None or not self.is_global_zero:
-            return
-        path = Path(self.log_dir) / "clients.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        new = self.current_round == 0 or not path.exists()
-        with path.open("w" if new else "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            if new:
-                writer.writeheader()
-            writer.writerows(rows)
-
-    def _durations(self) -> tuple[float, ...] | None:
-        """Simulated task durations per node (1 / speed; servers take no time); ``None``: all 1."""
-        if self.client_speeds is None:
-            return None
-        return tuple(1.0 / s for s in self.client_speeds) + (0.0,) * self.algorithm.num_servers
-
-    def _update_best(self, metrics: dict[str, float]) -> None:
-        key = "acc/consensus_mean" if self.algorithm.headline == "consensus" else "acc/personal_mean"
-        if key in metrics:
-            metrics["acc/headline"] = metrics[key]
-        previous = [m["acc/headline"] for m in self.history if "acc/headline" in m]
-        if "acc/headline" in metrics or previous:
-            metrics["acc/best"] = max(previous + ([metrics["acc/headline"]] if "acc/headline" in metrics else []))
-
-    # -- one task -----------------------------------------------------------------------
-    @torch.no_grad()
-    def _load(self, weights: dict[str, Tensor]) -> None:
-        for name, tensor in self.worker.items():
-            tensor.copy_(weights[name])
-
-    def _aggregate(self, task: Task) -> dict[str, Tensor]:
-        weights, masks = self.store.gather([(s.node, s.fresh) for s in task.sources])
-        receiver = self.store.mask(task.node)
-        return masked_average(weights, masks, receiver_mask=receiver, coefficients=task.coefficients)
-
-    def _run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool) -> None:
-        node, module = task.node, self.module
-        mask_bits = self.store.masked_size() if self.algorithm.sends_masks else 0
-        for source in task.receives_from():
-            accounting.transfer(source.node, node, self.store.active_values(source.node, source.fresh), mask_bits)
-        if not task.train:  # a server: aggregate and publish
-            self.store.publish(node, self._aggregate(task), self.store.mask(node))
-            return
-        self.current_client = node
-        module.mask.load_(self.store.mask(node), apply=False)
-        own, _ = self.store.published(node)
-        self._load(own)
-        self._call("on_client_before_aggregation", node)
-        if task.sources:
-            self._load(self._aggregate(task))
-        module.mask.apply_()
-        record = ClientRecord(client=node, density=module.mask.density())
-        test_batches = None
-        if evaluate:
-            test_batches = self._test_batches(node)
-            record.acc_aggregated = self._accuracy(test_batches)
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "data", self.current_round, node))
-        torch.manual_seed(derive_seed(self.seed, "torch", self.current_round, node))
-        batches = CountingBatches(self.datamodule.client_train_batches(node, generator, device=self.fabric.device),
-                                  self._convert_input)
-        self.train_dataloader = batches
-        train_flops_per_sample = 3 * module.forward_flops()
-        record.loss = self._train_local(batches)
-        record.train_samples = batches.samples
-        if evaluate:
-            record.acc_trained = self._accuracy(test_batches)
-        self._call("on_client_train_end", node)
-        self.store.publish(node, self.worker, module.mask.masks)
-        search_from = batches.samples
-        self._call("on_client_end", node)
-        self.store.set_mask(node, module.mask.masks)
-        record.search_samples = batches.samples - search_from
-        record.flops = record.train_samples * train_flops_per_sample + record.search_samples * 3 * module.forward_flops()
-        accounting.records.append(record)
-        self.train_dataloader = None
-
-    def _train_local(self, batches: CountingBatches) -> float:
-        module, optimizer = self.module, self.optimizer
-        optimizer.state.clear()  # a fresh optimizer each round (papers README)
-        for group in optimizer.param_groups:
-            group["lr"] = module.lr_at(self.current_round)
-        module.train()
-        loss_sum, count = 0.0, 0
-        for _ in range(self.local_epochs):
-            self._call("on_train_epoch_start")
-            for batch_idx, batch in enumerate(batches):
-                self._call("on_train_batch_start", batch, batch_idx)
-                with self.fabric.autocast():
-                    loss = module.loss(batch)
-                self._call("on_before_backward", loss)
-                self.fabric.backward(loss)
-                self._call("on_after_backward")
-                self._call("on_before_optimizer_step", optimizer)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                self._call("on_train_batch_end", loss.detach(), batch, batch_idx)
-                n = int(batch[1].shape[0])
-                loss_sum += float(loss.detach()) * n
-                count += n
-            self._call("on_train_epoch_end")
-        if count and not math.isfinite(loss_sum):
-            raise FloatingPointError(f"client {self.current_client}: the training loss is not finite in round "
-                                     f"{self.current_round}; lower the learning rate")
-        return loss_sum / count if count else float("nan")
-
-    def _test_batches(self, client: int) -> CountingBatches:
+    def test_batches(self, client: int) -> CountingBatches:
         """The client's test batches on the worker's device, in the precision's input dtype."""
         return CountingBatches(self.datamodule.client_test_batches(client, device=self.fabric.device),
-                               self._convert_input)
-
-    def _accuracy(self, batches: Iterable[tuple[Tensor, Tensor]]) -> float:
-        with self.fabric.autocast():
-            correct, total, _ = self.module.evaluate(batches)
-        return correct / total if total else float("nan")
+                               self.convert_input)
 
     def _consensus_metrics(self) -> dict[str, float]:
         sources = self.algorithm.consensus_sources(self.num_clients)
@@ -448,7 +370,5 @@ class FederatedTrainer:
         # gather gives views and masked_average accumulates source by source: no (K, ...) copy
         average = masked_average(*self.store.gather([(s.node, s.fresh) for s in sources]))
         self.module.mask.load_(self.store.mask(sources[0].node), apply=False)
-        self._load(average)
-        accs = [self._accuracy(self._test_batches(k)) for k in range(self.num_clients)]
-        mean, std = mean_std(accs)
-        return {"acc/consensus_mean": mean, "acc/consensus_std": std}
+        self.executor.load(average)
+        return shared_model_metrics(self.module, self.fabric, self.num_clients, self.test_batches)

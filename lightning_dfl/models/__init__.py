@@ -11,13 +11,15 @@ from collections.abc import Callable
 
 from torch import nn
 
+from lightning_dfl.checks import check_int
 from lightning_dfl.models.alexnet import alexnet
 from lightning_dfl.models.cnn import cnn_cifar, cnn_digits, cnn_ham
 from lightning_dfl.models.resnet import resnet18, resnet20
 from lightning_dfl.models.vgg import vgg11
+from lightning_dfl.registry import Registry
 
 #: name -> builder(num_classes, in_channels, image_size, **options).
-MODELS: dict[str, Callable[..., nn.Module]] = {
+MODELS: Registry[Callable[..., nn.Module]] = Registry("model", {
     "resnet18": resnet18,    # DisPFL / DA-DPFL CIFAR-10 (GroupNorm)
     "vgg11": vgg11,          # DisPFL / DA-DPFL CIFAR-100 (GroupNorm); norm="batch" for PRISAM
     "alexnet": alexnet,      # DA-DPFL HAM10000 (64x64)
@@ -25,7 +27,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "cnn_cifar": cnn_cifar,  # PSFL CIFAR-10/100
     "cnn_ham": cnn_ham,      # PSFL HAM10000
     "cnn_digits": cnn_digits,  # the embedded 8x8 digits (the CPU default)
-}
+})
 
 __all__ = ["MODELS", "available_models", "build_model", "model_options"]
 
@@ -37,20 +39,9 @@ def available_models() -> list[str]:
 
 def model_options(name: str) -> dict[str, object]:
     """A builder's keyword-only options and their defaults."""
-    builder = _builder(name)
+    builder = MODELS.get(name)
     return {p.name: p.default for p in inspect.signature(builder).parameters.values()
             if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
-
-def _builder(name: str) -> Callable[..., nn.Module]:
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; available: {available_models()}")
-    return MODELS[name]
-
-
-def _check_int(what: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
 
 
 def build_model(name: str, num_classes: int, in_channels: int | None = None,
@@ -62,15 +53,15 @@ def build_model(name: str, num_classes: int, in_channels: int | None = None,
     ``kwargs`` are the builder's options (:func:`model_options`). Raises ``ValueError`` for an
     unknown name or an incompatible size, ``TypeError`` for an option the builder lacks.
     """
-    builder = _builder(name)
-    _check_int("num_classes", num_classes, 2)
+    builder = MODELS.get(name)
+    num_classes = check_int("num_classes", num_classes, 2)
     params = inspect.signature(builder).parameters
     if in_channels is None:
         in_channels = params["in_channels"].default
     if image_size is None:
         image_size = params["image_size"].default
-    _check_int("in_channels", in_channels, 1)
-    _check_int("image_size", image_size, 1)
+    in_channels = check_int("in_channels", in_channels, 1)
+    image_size = check_int("image_size", image_size, 1)
     options = model_options(name)
     unknown = sorted(set(kwargs) - set(options))
     if unknown:

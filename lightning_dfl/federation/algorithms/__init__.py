@@ -4,11 +4,15 @@ from lightning_dfl.federation.algorithms.base import (
     Algorithm,
     GossipAlgorithm,
     RoundContext,
+    TaskContext,
 )
 from lightning_dfl.federation.algorithms.dadpfl import DADPFL
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
 from lightning_dfl.federation.algorithms.gossip import DPSGD, DisPFL, Local
+from lightning_dfl.registry import Registry
 
-ALGORITHMS = {cls.name: cls for cls in (DisPFL, DADPFL, DPSGD, Local, FedAvg)}
+#: the algorithms by name (``ALGORITHMS.get(name)`` names the allowed ones for an unknown name)
+ALGORITHMS: Registry = Registry("algorithm", [(cls.name, cls) for cls in (DisPFL, DADPFL, DPSGD, Local, FedAvg)])
 
-__all__ = ["ALGORITHMS", "Algorithm", "DADPFL", "DPSGD", "DisPFL", "FedAvg", "GossipAlgorithm", "Local", "RoundContext"]
+__all__ = ["ALGORITHMS", "Algorithm", "DADPFL", "DPSGD", "DisPFL", "FedAvg", "GossipAlgorithm", "Local", "RoundContext",
+           "TaskContext"]

@@ -1,36 +1,50 @@
-"""The ``Algorithm`` interface: how a federation plans its rounds and evaluates its models."""
+"""The ``Algorithm`` interface: how a federation plans its rounds and how a client trains,
+aggregates, communicates and is evaluated. Every hook has a default that gives DisPFL-shaped rounds;
+a new algorithm overrides the few it changes (see the README, "Writing an algorithm")."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Any
 
-import numpy as np
+import torch
 from lightning.pytorch import Callback
+from torch import Tensor
 
+from lightning_dfl.federation.aggregation import masked_average
+from lightning_dfl.federation.context import RoundContext, TaskContext
+from lightning_dfl.federation.evaluation import accuracy
+from lightning_dfl.federation.local import train_locally
+from lightning_dfl.federation.messages import MaskedCodec, Message
 from lightning_dfl.federation.plan import RoundPlan, Source
+from lightning_dfl.federation.state import StateField
 from lightning_dfl.federation.topology import Topology, build_topology
 
-
-@dataclass(frozen=True)
-class RoundContext:
-    """What an algorithm may read when it plans a round."""
-
-    round_idx: int
-    num_rounds: int
-    num_clients: int
-    sample_counts: tuple[int, ...]
-    rng: np.random.Generator
-    #: simulated task durations per client (``None``: all 1)
-    durations: tuple[float, ...] | None = None
+__all__ = ["Algorithm", "GossipAlgorithm", "RoundContext", "TaskContext"]
 
 
 class Algorithm:
     """Base class of federated algorithms.
 
-    A subclass says how a round is planned (:meth:`plan_round`), whether each client keeps a
-    personal mask (:attr:`personal_masks`), which callbacks it needs by default (RigL for DisPFL),
-    how many server nodes it uses and which shared model, if any, is tested on every client's test
-    set (:meth:`consensus_sources`). Local training itself is the worker module's.
+    Class attributes: :attr:`name`, :attr:`personal_masks` (each client draws its own initial
+    mask), :attr:`num_servers` (server nodes appended after the clients), :attr:`headline`
+    (``"personal"`` or ``"consensus"``), :attr:`sends_masks` (models travel with their masks),
+    :attr:`keep_optimizer_state` (per-parameter optimizer state kept per client across rounds,
+    e.g. ``("momentum_buffer",)`` for SGD momentum; empty: a fresh optimizer each round).
+
+    Hooks, in the order a round calls them:
+
+    - :meth:`participants` -> :meth:`plan_round` (once per round);
+    - per task (a node's work, in the plan's dependency order): :meth:`message` for every source
+      it reads, then for a server task :meth:`server_step`, else :meth:`aggregate` ->
+      :meth:`evaluate` (``"aggregated"``) -> :meth:`configure_optimizer` -> :meth:`local_train`
+      (the loop: :meth:`loss`, :meth:`optimizer_step`) -> callbacks' ``on_client_train_end`` ->
+      :meth:`evaluate` (``"trained"``) -> :meth:`publish_fields` -> publish -> callbacks'
+      ``on_client_end``;
+    - :meth:`consensus_sources` (a shared model tested on every client at the round's end).
+
+    Per-client state the algorithm needs lives in the client store as :meth:`state_fields`; its
+    own state across rounds in :meth:`state_dict`.
     """
 
     #: short name used in logs and run folders
@@ -43,7 +57,10 @@ class Algorithm:
     headline = "personal"
     #: whether models travel with their masks (the mask bits are counted as communication)
     sends_masks = False
+    #: per-parameter optimizer state kept per client across rounds (empty: fresh each round)
+    keep_optimizer_state: tuple[str, ...] = ()
 
+    # -- set-up -------------------------------------------------------------------------
     def validate(self, num_clients: int) -> None:
         """Raise ``ValueError`` if this algorithm cannot run with ``num_clients`` clients."""
         if num_clients < 1:
@@ -53,16 +70,100 @@ class Algorithm:
         """Callbacks the algorithm needs; a user callback of the same class replaces its default."""
         return []
 
+    def state_fields(self) -> list[StateField]:
+        """Per-client values the algorithm keeps in the client store (checkpointed with it)."""
+        return []
+
+    # -- planning -----------------------------------------------------------------------
+    def participants(self, ctx: RoundContext) -> Sequence[int] | None:
+        """The clients that take part in round ``ctx.round_idx`` (``None``: all)."""
+        return None
+
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         raise NotImplementedError
 
+    # -- one task -----------------------------------------------------------------------
+    def message(self, ctx: TaskContext, source: Source) -> Message:
+        """What ``source.node`` sends to ``ctx.node``: by default its published model with the mask it
+        was trained with (views of the store, no copy); values x 4 bytes, plus one bit per masked
+        entry when :attr:`sends_masks`."""
+        store = ctx.store
+        weights, mask = store.published(source.node, source.fresh)
+        codec = MaskedCodec(send_mask=self.sends_masks)
+        return codec.encode(weights, mask, sender=source.node, masked_names=store.masked_names,
+                            active_values=store.active_values(source.node, source.fresh))
+
+    def aggregate(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor] | None:
+        """The model the node starts its training from (``None``: keep its own). Default: DisPFL
+        Alg. 1 line 7 / DA-DPFL Eq. 7, the masked average of the messages (in the plan's source
+        order, weighted by the task's ``coefficients``) times the node's current mask."""
+        if not messages:
+            return None
+        return average_messages(messages, ctx.store.mask(ctx.node), ctx.task.coefficients)
+
+    def server_step(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor]:
+        """A server task's new model (FedAvg: the coefficient-weighted average of the clients')."""
+        return average_messages(messages, ctx.store.mask(ctx.node), ctx.task.coefficients)
+
+    def configure_optimizer(self, ctx: TaskContext) -> None:
+        """Prepare the worker's optimizer for the local epochs: lr x lr_decay^t (the papers'
+        schedule); a fresh state unless :attr:`keep_optimizer_state` (then the executor restores it)."""
+        if not self.keep_optimizer_state:
+            ctx.optimizer.state.clear()
+        for group in ctx.optimizer.param_groups:
+            group["lr"] = ctx.module.lr_at(ctx.round_idx)
+
+    def local_train(self, ctx: TaskContext) -> float:
+        """Train the worker on ``ctx.train_batches``; return the mean loss per sample."""
+        return train_locally(self, ctx)
+
+    def loss(self, ctx: TaskContext, batch: Any) -> Tensor:
+        """The training loss of one batch (add proximal or penalty terms here)."""
+        return ctx.module.loss(batch)
+
+    def optimizer_step(self, ctx: TaskContext, closure: Any) -> Tensor:
+        """One step: run ``closure`` (zero grads, loss, backward) and step; return the loss.
+        SAM-like optimizers call the closure twice."""
+        loss = closure()
+        ctx.optimizer.step()
+        return loss
+
+    def evaluate(self, ctx: TaskContext, stage: str) -> float | None:
+        """The accuracy logged for the node at ``stage`` (``"aggregated"``: before training, after
+        aggregation; ``"trained"``: the model it publishes). Default: the worker on its test set."""
+        return accuracy(ctx.module, ctx.fabric, ctx.test_batches())
+
+    def publish_fields(self, ctx: TaskContext) -> dict[str, Any]:
+        """Values of published state fields the node sends with its model this round."""
+        return {}
+
+    # -- round end ----------------------------------------------------------------------
     def consensus_sources(self, num_clients: int) -> list[Source] | None:
         """The shared model tested on every client's test set at a round's end (``None``: none)."""
         return None
 
+    # -- checkpoints --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The algorithm's own state across rounds (tensors and plain containers only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output."""
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({fields})"
+
+
+def average_messages(messages: list[Message], receiver_mask: dict[str, Tensor] | None,
+                     coefficients: Sequence[float] | None) -> dict[str, Tensor]:
+    """Eq. 7 over messages: their weights and masks, accumulated message by message (no stacking)."""
+    names = list(messages[0].weights)
+    weights = {n: [m.weights[n] for m in messages] for n in names}
+    masked = [n for n in (messages[0].mask or {})]
+    masks = {n: [m.mask[n] for m in messages] for n in masked}
+    with torch.no_grad():
+        return masked_average(weights, masks, receiver_mask=receiver_mask, coefficients=coefficients)
 
 
 class GossipAlgorithm(Algorithm):

@@ -11,14 +11,16 @@ from lightning_dfl.federation.algorithms.base import (
     RoundContext,
 )
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-
-REGROWTH_MODES = ("gradient", "random")
+from lightning_dfl.sparse.rigl import REGROWTH_MODES
 
 
 def parallel_plan(ctx: RoundContext, neighbors: list[list[int]]) -> RoundPlan:
-    """Every client aggregates itself and its neighbours' start-of-round models, all in parallel."""
-    tasks = [Task(node=k, sources=(Source(k), *(Source(j) for j in neighbors[k])))
-             for k in range(ctx.num_clients)]
+    """Every participating client aggregates itself and its participating neighbours' start-of-round
+    models, all in parallel."""
+    active = ctx.active_clients
+    taking_part = set(active)
+    tasks = [Task(node=k, sources=(Source(k), *(Source(j) for j in neighbors[k] if j in taking_part)))
+             for k in active]
     return RoundPlan(ctx.round_idx, tasks)
 
 
@@ -80,4 +82,4 @@ class Local(Algorithm):
     name = "local"
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
-        return RoundPlan(ctx.round_idx, [Task(node=k) for k in range(ctx.num_clients)])
+        return RoundPlan(ctx.round_idx, [Task(node=k) for k in ctx.active_clients])

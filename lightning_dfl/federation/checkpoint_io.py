@@ -1,0 +1,219 @@
+"""The federation checkpoint's file: plain data only, written atomically, read without running code.
+
+A checkpoint is a ``torch.save`` zip archive of a dict that holds only tensors and plain containers
+(dict with str/int keys, list, tuple, str, int, float, bool, None) plus a format marker. It is read
+with ``torch.load(weights_only=True)``: a file that carries any other pickled object is refused, never
+executed. Every damaged or foreign file gives one :class:`CheckpointError` naming the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import re
+import zipfile
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "lightning-dfl/federation"
+FORMAT_VERSION = 2
+
+#: identity keys that may change on resume without invalidating the run (always allowed).
+SAFE_TO_CHANGE = frozenset({"rounds", "eval_every", "checkpoint_every"})
+
+_SCALARS = (str, int, float, bool, type(None))
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_MAPPINGS = (dict, OrderedDict)
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read: missing, damaged, foreign or of another format version."""
+
+
+def write_state(path: str | os.PathLike, state: dict[str, Any]) -> Path:
+    """Write ``state`` (tensors and plain containers only) to ``path`` atomically; return the path.
+
+    The data goes to ``<path>.tmp`` beside it, is flushed and fsynced, then replaces ``path``; the folder is
+    fsynced where the OS allows. If writing fails the temporary file is removed and ``path`` keeps its
+    previous content; a hard crash (power loss) may leave ``<path>.tmp``, which the next write replaces.
+
+    Raises:
+        TypeError: naming the key path of the first value that is not a tensor or plain container.
+        ValueError: when ``state`` uses the marker's keys ``format`` / ``format_version``.
+    """
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict, got {type(state).__name__}")
+    reserved = sorted({"format", "format_version"} & set(state))
+    if reserved:
+        raise ValueError(f"state keys {reserved} are reserved for the checkpoint's format marker")
+    _check_plain(state, "state")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as file:
+            torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, **state}, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)
+    return path
+
+
+def read_state(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load what :func:`write_state` wrote to ``path`` (without the format marker), weights-only.
+
+    The archive's checksums are verified first (``torch.load`` does not check them): one extra read of the file.
+
+    Raises:
+        CheckpointError: for a missing path or a folder, an empty, truncated or damaged file, a file that
+            carries a pickled object (refused, not executed), a foreign file, or another format version.
+    """
+    path = Path(path)
+    where = repr(str(path))
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {where}: the path does not exist")
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {where}: it is a folder, not a file")
+    with open(path, "rb") as file:
+        head = file.read(len(_ZIP_MAGIC))
+    if not head:
+        raise CheckpointError(f"the checkpoint {where} is empty (0 bytes): it was never fully written")
+    if head != _ZIP_MAGIC:
+        raise CheckpointError(f"{where} is not a checkpoint: it is not a torch zip archive (random bytes, another "
+                              "format or a legacy torch file)")
+    problem = _archive_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"the checkpoint {where} is {problem}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if found is None:
+            raise CheckpointError(f"the checkpoint {where} is damaged: its pickled data cannot be read "
+                                  f"weights-only ({_reason(err)})") from err
+        raise CheckpointError(f"{where} holds a pickled object ({found.group(1)}), not only tensors and plain "
+                              "containers; it is not loaded, since loading it could run arbitrary code") from err
+    except (RuntimeError, EOFError, ValueError, KeyError) as err:
+        raise CheckpointError(f"the checkpoint {where} is damaged or not a torch checkpoint: "
+                              f"{_reason(err)}") from err
+    _check_format(state, where)
+    return {k: v for k, v in state.items() if k not in ("format", "format_version")}
+
+
+def compare_identity(saved: Mapping[str, Any], current: Mapping[str, Any], allow: Iterable[str] = ()) -> list[str]:
+    """The keys on which the checkpoint's identity ``saved`` and the ``current`` run differ but may.
+
+    ``SAFE_TO_CHANGE`` keys may always differ; any other key only when named in ``allow``.
+
+    Raises:
+        ValueError: listing each disallowed difference as ``key: checkpoint=<v> now=<v>``, or naming the
+            ``allow`` entries that are not identity keys.
+    """
+    keys = sorted(set(saved) | set(current))
+    allowed = set(allow)
+    unknown = sorted(allowed - set(keys))
+    if unknown:
+        raise ValueError(f"cannot allow {unknown}: not identity keys; the identity keys are {keys}")
+    changed = [k for k in keys if k not in saved or k not in current or saved[k] != current[k]]
+    refused = [k for k in changed if k not in SAFE_TO_CHANGE and k not in allowed]
+    if refused:
+        lines = "\n".join(f"  {k}: checkpoint={_shown(saved, k)} now={_shown(current, k)}" for k in refused)
+        raise ValueError(f"the checkpoint was written by another configuration:\n{lines}\nto resume anyway, allow "
+                         f"these changes with allow={refused} (the resumed run is then not the one that was saved)")
+    return changed
+
+
+def _shown(identity: Mapping[str, Any], key: str) -> str:
+    return repr(identity[key]) if key in identity else "<absent>"
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Raise TypeError at the first value under ``value`` that is not a tensor or plain container."""
+    kind = type(value)
+    if kind in _TENSORS or kind in _SCALARS:
+        return
+    if kind in _MAPPINGS:
+        for key, item in value.items():
+            if type(key) not in (str, int):
+                raise TypeError(f"{where}: key {key!r} is a {type(key).__name__}; keys must be str or int")
+            _check_plain(item, f"{where}[{key!r}]")
+        return
+    if kind in (list, tuple):
+        for index, item in enumerate(value):
+            _check_plain(item, f"{where}[{index}]")
+        return
+    hint = ("; numpy values are not allowed: convert with .item(), float()/int() or torch.from_numpy"
+            if kind.__module__.partition(".")[0] == "numpy" else "")
+    raise TypeError(f"{where}: {kind.__name__} is not a tensor or plain container (dict with str/int keys, list, "
+                    f"tuple, str, int, float, bool, None){hint}")
+
+
+def _check_format(state: Any, where: str) -> None:
+    """Raise CheckpointError unless ``state`` carries this module's format marker and version."""
+    ours = isinstance(state, dict) and (
+        state.get("format") == FORMAT
+        or ("format" not in state and "identity" in state and "format_version" in state))  # format 1 had no marker
+    if not ours:
+        raise CheckpointError(f"{where} is not a lightning-dfl federation checkpoint: it seems to hold "
+                              f"{_describe(state)}")
+    version = state.get("format_version")
+    if version != FORMAT_VERSION:
+        age = "a newer" if isinstance(version, int) and version > FORMAT_VERSION else "an older"
+        raise CheckpointError(f"the checkpoint {where} has format_version {version!r}, written by {age} "
+                              f"lightning-dfl; this one reads format_version {FORMAT_VERSION} only")
+
+
+def _describe(obj: Any) -> str:
+    """A few words on what a foreign checkpoint holds."""
+    if isinstance(obj, dict):
+        keys = sorted(map(str, obj))
+        shown = f"{keys[:8]}{' ...' if len(keys) > 8 else ''}"
+        if "pytorch-lightning_version" in obj:
+            return (f"a Lightning Trainer checkpoint (pytorch-lightning_version {obj['pytorch-lightning_version']}, "
+                    f"keys {shown})")
+        return f"a dict with keys {shown}"
+    if isinstance(obj, torch.Tensor):
+        return f"a tensor of shape {tuple(obj.shape)}"
+    return f"a {type(obj).__name__}"
+
+
+def _archive_problem(path: Path) -> str | None:
+    """What is wrong with the zip archive ``path``: cut short, or a part whose CRC fails (torch checks neither)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, EOFError) as err:
+        return f"truncated or damaged: it starts as a torch archive but its zip directory is unreadable ({err})"
+    return None if bad is None else f"damaged: its part {bad!r} fails its checksum"
+
+
+def _reason(err: BaseException) -> str:
+    """The telling part of torch's (long) error message."""
+    found = re.search(r"WeightsUnpickler error:\s*(.+)", str(err))
+    if found is not None:
+        return found.group(1).strip()
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable, where the OS can open and sync a folder."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # Windows cannot open a folder
+        return
+    try:
+        with contextlib.suppress(OSError):  # some file systems cannot sync a folder
+            os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,89 @@
+"""What an algorithm sees: a round's context when it plans, a task's context while a node's task runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_dfl.federation.plan import Task
+from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.seeding import derive_seed
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What an algorithm may read when it plans a round."""
+
+    round_idx: int
+    num_rounds: int
+    num_clients: int
+    sample_counts: tuple[int, ...]
+    rng: np.random.Generator
+    #: simulated task durations per client from the clock (``None``: all 1)
+    durations: tuple[float, ...] | None = None
+    #: the clients taking part this round (``None``: all), from :meth:`Algorithm.participants`
+    participants: tuple[int, ...] | None = None
+
+    @property
+    def active_clients(self) -> list[int]:
+        """The clients taking part this round, in id order."""
+        return list(range(self.num_clients)) if self.participants is None else sorted(self.participants)
+
+
+class CountingBatches:
+    """An iterable of batches that counts the samples drawn from it (for FLOPs accounting) and
+    converts their floating tensors with ``convert`` (the precision plugin's input dtype)."""
+
+    def __init__(self, batches: Iterable[tuple[Tensor, Tensor]],
+                 convert: Callable[[Any], Any] | None = None) -> None:
+        self._batches = batches
+        self._convert = convert
+        self.samples = 0
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for batch in self._batches:
+            self.samples += int(batch[1].shape[0])
+            yield self._convert(batch) if self._convert is not None else batch
+
+    def __len__(self) -> int:
+        return len(self._batches)  # type: ignore[arg-type]
+
+
+@dataclass
+class TaskContext:
+    """One node's task as its algorithm's hooks see it.
+
+    The worker ``module`` holds the node's state (its weights and current mask) while the task
+    runs; ``optimizer`` is the worker's (Fabric-wrapped) optimizer; ``store`` holds every node's
+    published models and declared fields; ``call(hook, *args)`` runs the callbacks' hook.
+    """
+
+    task: Task
+    round_idx: int
+    num_rounds: int
+    num_clients: int
+    seed: int
+    module: Any
+    optimizer: Any
+    store: ClientStore
+    fabric: Any
+    local_epochs: int
+    local_steps: int | None
+    call: Callable[..., None]
+    test_batches: Callable[[], Iterable[tuple[Tensor, Tensor]]]
+    train_batches: CountingBatches | None = None
+    #: set by the hooks: anything the task wants to report in ``clients.csv`` (name -> number)
+    report: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def node(self) -> int:
+        return self.task.node
+
+    def generator(self, stream: str) -> torch.Generator:
+        """A CPU generator for ``stream`` seeded from ``(seed, stream, round, node)``: order-free."""
+        return torch.Generator().manual_seed(derive_seed(self.seed, stream, self.round_idx, self.node))

@@ -1,0 +1,26 @@
+"""Evaluation on clients' personal test sets: a model's accuracy, and a shared model on every client."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torch import Tensor
+
+from lightning_dfl.stats import mean_std
+
+
+def accuracy(module: Any, fabric: Any, batches: Iterable[tuple[Tensor, Tensor]]) -> float:
+    """The worker's accuracy on ``batches`` under the precision's autocast (NaN for no sample)."""
+    with fabric.autocast():
+        correct, total, _ = module.evaluate(batches)
+    return correct / total if total else float("nan")
+
+
+def shared_model_metrics(module: Any, fabric: Any, num_clients: int,
+                         test_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
+                         prefix: str = "acc/consensus") -> dict[str, float]:
+    """The model loaded in the worker tested on every client's test set: mean and std over clients."""
+    accs = [accuracy(module, fabric, test_batches(k)) for k in range(num_clients)]
+    mean, std = mean_std(accs)
+    return {f"{prefix}_mean": mean, f"{prefix}_std": std}

@@ -1,0 +1,140 @@
+"""Runs a round's plan: level by level, each task on the one worker, with accounting and the clock.
+
+A task loads its node's state into the worker, receives its sources' messages, aggregates (or,
+for a server, takes its server step), trains, lets the callbacks prune and search masks, and
+publishes. The serial executor is the reference; sharded (processes) and batched (vmap) executors
+will walk the same :meth:`RoundPlan.levels`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
+from lightning_dfl.federation.context import CountingBatches, TaskContext
+from lightning_dfl.federation.plan import RoundPlan, Task
+from lightning_dfl.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from lightning_dfl.federation.trainer import FederatedTrainer
+
+#: the store field of a kept optimizer state entry (``Algorithm.keep_optimizer_state``)
+OPTIMIZER_FIELD = "optimizer/{}"
+OPTIMIZER_STARTED = "optimizer/started"
+
+
+class SerialExecutor:
+    """Runs every task of a plan in dependency order on the trainer's one worker."""
+
+    def __init__(self, trainer: FederatedTrainer) -> None:
+        self.trainer = trainer
+
+    def run(self, plan: RoundPlan, evaluate: bool) -> RoundAccounting:
+        """Run ``plan``; return the round's accounting (records, bytes per edge)."""
+        accounting = RoundAccounting(plan.round_idx)
+        for level in plan.levels():
+            for task in level:
+                self.run_task(task, accounting, evaluate)
+        self.trainer.current_client = None
+        return accounting
+
+    def _context(self, task: Task) -> TaskContext:
+        t = self.trainer
+        return TaskContext(task=task, round_idx=t.current_round, num_rounds=t.rounds, num_clients=t.num_clients,
+                           seed=t.seed, module=t.module, optimizer=t.optimizer, store=t.store, fabric=t.fabric,
+                           local_epochs=t.local_epochs, local_steps=t.local_steps, call=t._call,
+                           test_batches=lambda: t.test_batches(task.node))
+
+    @torch.no_grad()
+    def load(self, weights: dict[str, Tensor]) -> None:
+        """Copy ``weights`` into the worker's parameters and buffers."""
+        for name, tensor in self.trainer.worker.items():
+            tensor.copy_(weights[name])
+
+    def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool) -> None:
+        t, algorithm = self.trainer, self.trainer.algorithm
+        store, module, node = t.store, t.module, task.node
+        ctx = self._context(task)
+        messages = []
+        for source in task.sources:
+            message = algorithm.message(ctx, source)
+            if source.node != node:  # a node's own model does not cross the network
+                accounting.transfer(source.node, node, message.value_bytes, message.index_bytes)
+            messages.append(message)
+        if not task.train:  # a server: aggregate and publish
+            store.publish(node, algorithm.server_step(ctx, messages), store.mask(node))
+            return
+        t.current_client = node
+        module.mask.load_(store.mask(node), apply=False)
+        own, _ = store.published(node)
+        self.load(own)
+        t._call("on_client_before_aggregation", node)
+        aggregated = algorithm.aggregate(ctx, messages)
+        if aggregated is not None:
+            self.load(aggregated)
+        module.mask.apply_()
+        record = ClientRecord(client=node, density=module.mask.density())
+        if evaluate:
+            record.acc_aggregated = algorithm.evaluate(ctx, "aggregated")
+        generator = ctx.generator("data")
+        torch.manual_seed(derive_seed(ctx.seed, "torch", ctx.round_idx, node))
+        batches = CountingBatches(t.datamodule.client_train_batches(node, generator, device=t.fabric.device),
+                                  t.convert_input)
+        ctx.train_batches = t.train_dataloader = batches
+        train_flops_per_sample = 3 * module.forward_flops()
+        algorithm.configure_optimizer(ctx)
+        self._restore_optimizer_state(ctx)
+        record.loss = algorithm.local_train(ctx)
+        self._save_optimizer_state(ctx)
+        record.train_samples = batches.samples
+        if evaluate:
+            record.acc_trained = algorithm.evaluate(ctx, "trained")
+        t._call("on_client_train_end", node)
+        store.publish(node, t.worker, module.mask.masks, algorithm.publish_fields(ctx))
+        search_from = batches.samples
+        t._call("on_client_end", node)
+        store.set_mask(node, module.mask.masks)
+        record.search_samples = batches.samples - search_from
+        record.flops = (record.train_samples * train_flops_per_sample
+                        + record.search_samples * 3 * module.forward_flops())
+        record.extra = dict(ctx.report)
+        accounting.records.append(record)
+        t.train_dataloader = None
+
+    # -- optimizer state kept per client -------------------------------------------------
+    def _optimizer_entries(self, ctx: TaskContext) -> list[tuple[str, Tensor]]:
+        """(store name, parameter) of every worker parameter the optimizer updates."""
+        by_id = {id(p): name for name, p in self.trainer.module.model.named_parameters()}
+        return [(by_id[id(p)], p) for group in ctx.optimizer.param_groups for p in group["params"] if id(p) in by_id]
+
+    @torch.no_grad()
+    def _restore_optimizer_state(self, ctx: TaskContext) -> None:
+        keys = self.trainer.algorithm.keep_optimizer_state
+        if not keys:
+            return
+        state = ctx.optimizer.state
+        state.clear()
+        if not bool(ctx.store.read(ctx.node, OPTIMIZER_STARTED)):
+            return  # its first round: the optimizer starts fresh
+        for key in keys:
+            values = ctx.store.read(ctx.node, OPTIMIZER_FIELD.format(key))
+            for name, p in self._optimizer_entries(ctx):
+                state[p][key] = values[name].to(p.device, p.dtype).clone()
+
+    @torch.no_grad()
+    def _save_optimizer_state(self, ctx: TaskContext) -> None:
+        keys = self.trainer.algorithm.keep_optimizer_state
+        if not keys:
+            return
+        for key in keys:
+            values = {name: ctx.optimizer.state[p][key] for name, p in self._optimizer_entries(ctx)
+                      if key in ctx.optimizer.state.get(p, {})}
+            if values:
+                full = {n: t for n, t in ctx.store.read(ctx.node, OPTIMIZER_FIELD.format(key)).items()}
+                full.update(values)
+                ctx.store.write(ctx.node, OPTIMIZER_FIELD.format(key), full)
+        ctx.store.write(ctx.node, OPTIMIZER_STARTED, True)
+

@@ -1,0 +1,79 @@
+"""A client's local training: epochs (or a number of steps) of closure-based optimizer steps.
+
+The default loop of :meth:`Algorithm.local_train`. Each step calls the algorithm's
+:meth:`~Algorithm.optimizer_step` with a closure that zeroes the gradients, computes
+:meth:`~Algorithm.loss` under the precision's autocast and back-propagates; the default step runs
+the closure once and steps the optimizer (SAM-like algorithms run it twice). Callbacks receive
+Lightning's epoch and batch hooks. The mask's hooks zero the gradients of inactive weights, and
+Fabric calls the module's ``on_after_optimizer_step``, which re-masks the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from lightning_dfl.federation.algorithms.base import Algorithm
+    from lightning_dfl.federation.context import TaskContext
+
+
+def _batches(ctx: TaskContext) -> Iterator[tuple[int, int, Any]]:
+    """``(epoch, batch_idx, batch)``: ``local_epochs`` passes, or exactly ``local_steps`` batches
+    (passes restart as needed: each pass is one epoch for the callbacks)."""
+    assert ctx.train_batches is not None
+    steps_left = ctx.local_steps
+    epoch = 0
+    while (epoch < ctx.local_epochs) if steps_left is None else steps_left > 0:
+        ctx.call("on_train_epoch_start")
+        drawn = 0
+        for batch_idx, batch in enumerate(ctx.train_batches):
+            yield epoch, batch_idx, batch
+            drawn += 1
+            if steps_left is not None:
+                steps_left -= 1
+                if steps_left == 0:
+                    break
+        ctx.call("on_train_epoch_end")
+        if drawn == 0:
+            return  # no data: nothing more to draw
+        epoch += 1
+
+
+def train_locally(algorithm: Algorithm, ctx: TaskContext) -> float:
+    """Run the local loop; return the mean training loss per sample (NaN when no sample)."""
+    module, optimizer = ctx.module, ctx.optimizer
+    module.train()
+    loss_sum, count = 0.0, 0
+    for _, batch_idx, batch in _batches(ctx):
+        ctx.call("on_train_batch_start", batch, batch_idx)
+        closure = _closure(algorithm, ctx, batch)
+        loss = algorithm.optimizer_step(ctx, closure)
+        optimizer.zero_grad(set_to_none=True)
+        ctx.call("on_train_batch_end", loss.detach(), batch, batch_idx)
+        n = int(batch[1].shape[0])
+        loss_sum += float(loss.detach()) * n
+        count += n
+    if count and not math.isfinite(loss_sum):
+        raise FloatingPointError(f"client {ctx.node}: the training loss is not finite in round "
+                                 f"{ctx.round_idx}; lower the learning rate")
+    return loss_sum / count if count else float("nan")
+
+
+def _closure(algorithm: Algorithm, ctx: TaskContext, batch: Any) -> Callable[[], Tensor]:
+    """Zero the gradients, compute the algorithm's loss under autocast and back-propagate."""
+
+    def closure() -> Tensor:
+        ctx.optimizer.zero_grad(set_to_none=True)
+        with ctx.fabric.autocast():
+            loss = algorithm.loss(ctx, batch)
+        ctx.call("on_before_backward", loss)
+        ctx.fabric.backward(loss)
+        ctx.call("on_after_backward")
+        ctx.call("on_before_optimizer_step", ctx.optimizer)
+        return loss
+
+    return closure
