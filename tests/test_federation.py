@@ -51,11 +51,12 @@ def test_communication_and_flops_follow_the_papers_conventions():
     assert m["comm/busiest_bytes"] == 2 * active * 4
     assert m["comm/busiest_mask_bytes"] == 2 * -(-store.masked_size() // 8)
     assert m["comm/total_bytes"] == 6 * 2 * active * 4
-    # 3 x forward FLOPs on active weights, for every sample processed (training + one RigL batch)
-    module = trainer.module
-    per_sample = 3 * module.flops_profile.forward_flops(store.mask(0))
-    samples = sum(trainer.datamodule.client_train_size(k) for k in range(6)) + 6 * 32
-    assert m["flops/train_total"] == pytest.approx(per_sample * samples, rel=0.02)
+    # 3 x forward FLOPs on the active weights of the mask trained with, for every training sample,
+    # plus RigL's one dense-gradient batch at dense FLOPs
+    profile, dm = trainer.module.flops_profile, trainer.datamodule
+    expected = sum(dm.client_train_size(k) * 3 * profile.forward_flops(store.published(k)[1])
+                   + min(32, dm.client_train_size(k)) * 3 * profile.dense_forward_flops() for k in range(6))
+    assert m["flops/train_total"] == pytest.approx(expected, rel=1e-12)
 
 
 def test_local_sends_nothing_and_dpsgd_reports_consensus():

@@ -90,16 +90,17 @@ class SerialExecutor:
         record.loss = algorithm.local_train(ctx)
         self._save_optimizer_state(ctx)
         record.train_samples = batches.samples
-        if evaluate:
-            record.acc_trained = algorithm.evaluate(ctx, "trained")
         t._call("on_client_train_end", node)
+        if evaluate:  # the model the node publishes (after pruning, if a callback pruned)
+            record.acc_trained = algorithm.evaluate(ctx, "trained")
         store.publish(node, t.worker, module.mask.masks, algorithm.publish_fields(ctx))
         search_from = batches.samples
         t._call("on_client_end", node)
         store.set_mask(node, module.mask.masks)
         record.search_samples = batches.samples - search_from
+        # the regrowth score is a dense gradient: its batches cost dense FLOPs
         record.flops = (record.train_samples * train_flops_per_sample
-                        + record.search_samples * 3 * module.forward_flops())
+                        + record.search_samples * 3 * module.flops_profile.dense_forward_flops())
         record.extra = dict(ctx.report)
         accounting.records.append(record)
         t.train_dataloader = None

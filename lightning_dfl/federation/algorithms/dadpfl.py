@@ -37,7 +37,7 @@ class DADPFL(GossipAlgorithm):
     sends_masks = True
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", max_wait: int = 10,
-                 drop_fraction: float = 0.3, regrowth: str = "gradient", gradient_batches: int = 1,
+                 drop_fraction: float = 0.5, regrowth: str = "gradient", gradient_batches: int = 1,
                  delta_pr: float = 0.03, delta_v: float = 0.5, b: float = 0.0, c: float = 1.3,
                  target_sparsity: float = 0.8, p: float = 0.5, q: float = 1.0, eta_c: float = 0.0,
                  gamma: float = 1.0, beta: float = 0.9) -> None:
