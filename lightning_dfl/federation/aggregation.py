@@ -51,7 +51,7 @@ def masked_average(
         if name in masks:
             denominator = _weighted_sum(masks[name], coef, dtype=numerator.dtype)
             averaged = numerator.div_(denominator.clamp_min_(1e-12))  # 0 where nobody holds the weight
-            if receiver_mask is not None:
+            if receiver_mask is not None and name in receiver_mask:
                 averaged.mul_(receiver_mask[name])
         else:
             averaged = numerator.div_(num_sources if coef is None else sum(coef))

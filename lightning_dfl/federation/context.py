@@ -76,13 +76,26 @@ class TaskContext:
     local_steps: int | None
     call: Callable[..., None]
     test_batches: Callable[[], Iterable[tuple[Tensor, Tensor]]]
+    worker: dict[str, Tensor] = field(default_factory=dict)
     train_batches: CountingBatches | None = None
     #: set by the hooks: anything the task wants to report in ``clients.csv`` (name -> number)
     report: dict[str, float] = field(default_factory=dict)
+    #: values the hooks of one task share (e.g. a proximal anchor)
+    scratch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def node(self) -> int:
         return self.task.node
+
+    def worker_weights(self) -> dict[str, Tensor]:
+        """A copy of the worker's floating parameters and buffers (the store's names)."""
+        return {n: t.detach().clone() for n, t in self.worker.items()}
+
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, Tensor]) -> None:
+        """Copy ``weights`` (the store's names) into the worker."""
+        for n, t in self.worker.items():
+            t.copy_(weights[n])
 
     def generator(self, stream: str) -> torch.Generator:
         """A CPU generator for ``stream`` seeded from ``(seed, stream, round, node)``: order-free."""

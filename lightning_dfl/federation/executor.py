@@ -46,11 +46,11 @@ class SerialExecutor:
         return TaskContext(task=task, round_idx=t.current_round, num_rounds=t.rounds, num_clients=t.num_clients,
                            seed=t.seed, module=t.module, optimizer=t.optimizer, store=t.store, fabric=t.fabric,
                            local_epochs=t.local_epochs, local_steps=t.local_steps, call=t._call,
-                           test_batches=lambda: t.test_batches(task.node))
+                           test_batches=lambda: t.test_batches(task.node), worker=t.worker)
 
     @torch.no_grad()
     def load(self, weights: dict[str, Tensor]) -> None:
-        """Copy ``weights`` into the worker's parameters and buffers."""
+        """Copy ``weights`` into the worker's floating parameters and buffers."""
         for name, tensor in self.trainer.worker.items():
             tensor.copy_(weights[name])
 

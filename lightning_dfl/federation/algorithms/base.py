@@ -15,7 +15,7 @@ from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.context import RoundContext, TaskContext
 from lightning_dfl.federation.evaluation import accuracy
 from lightning_dfl.federation.local import train_locally
-from lightning_dfl.federation.messages import MaskedCodec, Message
+from lightning_dfl.federation.messages import MaskedCodec, Message, gather_messages
 from lightning_dfl.federation.plan import RoundPlan, Source
 from lightning_dfl.federation.state import StateField
 from lightning_dfl.federation.topology import Topology, build_topology
@@ -86,7 +86,8 @@ class Algorithm:
     def message(self, ctx: TaskContext, source: Source) -> Message:
         """What ``source.node`` sends to ``ctx.node``: by default its published model with the mask it
         was trained with (views of the store, no copy); values x 4 bytes, plus one bit per masked
-        entry when :attr:`sends_masks`."""
+        entry when :attr:`sends_masks`. Called for every source, the node's own included (that one
+        does not cross the network and is not counted)."""
         store = ctx.store
         weights, mask = store.published(source.node, source.fresh)
         codec = MaskedCodec(send_mask=self.sends_masks)
@@ -158,10 +159,7 @@ class Algorithm:
 def average_messages(messages: list[Message], receiver_mask: dict[str, Tensor] | None,
                      coefficients: Sequence[float] | None) -> dict[str, Tensor]:
     """Eq. 7 over messages: their weights and masks, accumulated message by message (no stacking)."""
-    names = list(messages[0].weights)
-    weights = {n: [m.weights[n] for m in messages] for n in names}
-    masked = [n for n in (messages[0].mask or {})]
-    masks = {n: [m.mask[n] for m in messages] for n in masked}
+    weights, masks = gather_messages(messages)
     with torch.no_grad():
         return masked_average(weights, masks, receiver_mask=receiver_mask, coefficients=coefficients)
 

@@ -1,0 +1,247 @@
+"""The engine's extension points: declared store fields and the algorithm hooks, each in a run."""
+
+import math
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.aggregation import masked_average
+from lightning_dfl.federation.algorithms import DPSGD, FedAvg, GossipAlgorithm, Local
+from lightning_dfl.federation.algorithms.base import average_messages
+from lightning_dfl.federation.algorithms.gossip import parallel_plan
+from lightning_dfl.federation.messages import TopKCodec
+from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+
+warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+
+
+def _run(algorithm, rounds=2, density=1.0, callbacks=None, momentum=0.0, **trainer_kw):
+    dm = FederatedDataModule(dataset="digits", num_clients=5, batch_size=32, test_samples_per_client=30)
+    model = SparseClassifier(arch="cnn_digits", density=density, lr=0.05, momentum=momentum)
+    trainer_kw.setdefault("local_epochs", 1)
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, logger=False, accelerator="cpu",
+                               enable_progress_bar=False, callbacks=callbacks, **trainer_kw)
+    trainer.fit(model, dm)
+    return trainer
+
+
+# -- the store's declared fields ---------------------------------------------------------------
+def test_store_fields_private_per_parameter_and_published():
+    template = {"w": torch.zeros(2, 3), "b": torch.zeros(2)}
+    fields = [StateField("count", dtype=torch.int64), StateField("personal", like="weights", dtype=None, fill=math.nan),
+              StateField("history", like="mask", dtype=torch.bool), StateField("age", published=True, fill=1.0)]
+    store = ClientStore(template, ["w"], num_nodes=3, fields=fields)
+    assert store.read(0, "count").item() == 0 and torch.isnan(store.read(1, "personal")["w"]).all()
+    assert store.read(2, "history")["w"].shape == (2, 3) and set(store.read(2, "history")) == {"w"}
+    store.write(1, "count", 7)
+    store.write(1, "personal", {"w": torch.ones(2, 3), "b": torch.full((2,), 2.0)})
+    assert store.read(1, "count").item() == 7 and store.read(0, "count").item() == 0  # per node
+    assert store.read(1, "personal")["b"].tolist() == [2.0, 2.0]
+    with pytest.raises(RuntimeError, match="published"):
+        store.write(0, "age", 3.0)
+    with pytest.raises(KeyError, match="no state field 'nope'"):
+        store.read(0, "nope")
+    # a published field follows the model's slots: start-of-round value until the round ends
+    store.publish(0, template, None, fields={"age": 5.0})
+    store.publish(1, template, None)  # not given: keeps its start-of-round value
+    assert store.read(0, "age").item() == 1.0 and store.read(0, "age", fresh=True).item() == 5.0
+    store.end_round()
+    assert store.read(0, "age").item() == 5.0 and store.read(1, "age").item() == 1.0
+    # saved and restored with the store; another field set is refused by name
+    other = ClientStore(template, ["w"], num_nodes=3, fields=fields)
+    other.load_state_dict(store.state_dict())
+    assert other.read(1, "count").item() == 7 and other.read(0, "age").item() == 5.0
+    with pytest.raises(ValueError, match="state fields"):
+        ClientStore(template, ["w"], num_nodes=3).load_state_dict(store.state_dict())
+    with pytest.raises(ValueError, match="declared twice"):
+        ClientStore(template, ["w"], 1, fields=[StateField("a"), StateField("a")])
+
+
+# -- the README's algorithm ----------------------------------------------------------------------
+def _readme_block(marker: str) -> str:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    return next(b for b in blocks if marker in b)
+
+
+def test_readme_ditto_keeps_a_personal_model_trained_with_a_proximal_term():
+    namespace = {}
+    exec(_readme_block("class Ditto"), namespace)
+    Ditto = namespace["Ditto"]
+    trainer = _run(Ditto(num_neighbors=2, lam=0.1), rounds=2)
+    store = trainer.store
+    personal = [store.read(k, "ditto/personal") for k in range(5)]
+    assert all(not torch.isnan(p[n]).any() for p in personal for n in p)  # every client trained one
+    shared, _ = store.published(0)
+    assert any(not torch.equal(personal[0][n], shared[n]) for n in shared)  # v is not w
+    assert trainer.history[-1]["acc/personal_mean"] > 0.5  # scored by v; chance is 0.1
+    # lam changes v only (w is trained as without Ditto): the proximal term is in the loss
+    loose = _run(Ditto(num_neighbors=2, lam=0.0), rounds=2).store
+    for n in shared:
+        assert torch.equal(loose.published(0)[0][n], shared[n])
+    assert any(not torch.equal(loose.read(0, "ditto/personal")[n], personal[0][n]) for n in shared)
+
+
+# -- training hooks ------------------------------------------------------------------------------
+class TwoPass(Local):
+    """A SAM-shaped step: the closure runs twice per optimizer step."""
+
+    def __init__(self):
+        self.losses = 0
+
+    def loss(self, ctx, batch):
+        self.losses += 1
+        return super().loss(ctx, batch)
+
+    def optimizer_step(self, ctx, closure):
+        closure()
+        loss = closure()
+        ctx.optimizer.step()
+        return loss
+
+
+class CountSteps(FederatedCallback):
+    def __init__(self):
+        self.steps = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        key = (trainer.current_round, trainer.current_client)
+        self.steps[key] = self.steps.get(key, 0) + 1
+
+
+def test_closure_steps_and_local_steps():
+    counter = CountSteps()
+    algo = TwoPass()
+    trainer = _run(algo, rounds=1, callbacks=[counter], local_steps=7)
+    assert set(counter.steps.values()) == {7}  # exactly 7 steps per client, passes restart as needed
+    assert algo.losses == 2 * 7 * 5  # two closure calls per step
+    sizes = [trainer.datamodule.client_train_size(k) for k in range(5)]
+    assert any(s < 7 * 32 for s in sizes)  # some client needed more than one pass
+    with pytest.raises(ValueError, match="local_steps must be >= 1"):
+        FederatedTrainer(local_steps=0)
+
+
+class KeptMomentum(Local):
+    keep_optimizer_state = ("momentum_buffer",)
+
+
+class SeeOptimizer(FederatedCallback):
+    def __init__(self):
+        self.first_state = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == 0 and trainer.current_client == 0 and trainer.current_round not in self.first_state:
+            state = trainer.optimizer.state
+            self.first_state[trainer.current_round] = {id(p): s["momentum_buffer"].clone() for p, s in state.items()}
+
+
+def test_kept_optimizer_state_travels_with_the_client_across_rounds():
+    seen = SeeOptimizer()
+    trainer = _run(KeptMomentum(), rounds=2, momentum=0.9, callbacks=[seen])
+    assert seen.first_state[0] == {}  # fresh in its first round
+    buffers = trainer.store.read(0, "optimizer/momentum_buffer")
+    assert all(b.abs().sum() > 0 for n, b in buffers.items() if "weight" in n)
+    assert len(seen.first_state[1]) == len(list(trainer.module.parameters()))  # restored in round 1
+    fresh = _run(Local(), rounds=2, momentum=0.9)
+    name = next(iter(buffers))
+    assert not torch.equal(fresh.store.published(0)[0][name], trainer.store.published(0)[0][name])
+
+
+# -- aggregation, messages, server step ------------------------------------------------------------
+class NoAggregation(GossipAlgorithm):
+    name = "no_aggregation"
+
+    def plan_round(self, ctx):
+        return parallel_plan(ctx, self.neighbors(ctx))
+
+    def aggregate(self, ctx, messages):
+        return None
+
+
+def test_aggregate_none_keeps_the_own_model_while_messages_are_counted():
+    kept = _run(NoAggregation(num_neighbors=2), rounds=2)
+    local = _run(Local(), rounds=2)
+    for n in local.store.names:
+        assert torch.equal(kept.store.weights[n], local.store.weights[n])
+    assert kept.history[0]["comm/busiest_bytes"] > 0 and local.history[0]["comm/busiest_bytes"] == 0
+
+
+class TopKGossip(DPSGD):
+    def message(self, ctx, source):
+        weights, mask = ctx.store.published(source.node, source.fresh)
+        return TopKCodec(0.1).encode(weights, mask, sender=source.node, masked_names=ctx.store.masked_names)
+
+
+def test_communication_counts_what_the_codec_sends():
+    trainer = _run(TopKGossip(num_neighbors=2), rounds=1)
+    shapes = [t.numel() for t in trainer.store.published(0)[0].values()]
+    values = sum(math.ceil(n / 10) for n in shapes)  # top 10% of every tensor
+    m = trainer.history[0]
+    assert m["comm/busiest_bytes"] == 2 * values * 4  # M = 2 messages in and out, 4 B per value
+    assert m["comm/busiest_mask_bytes"] == 2 * values * 4  # 4 B per index
+    dense = _run(DPSGD(num_neighbors=2), rounds=1).history[0]["comm/busiest_bytes"]
+    assert m["comm/busiest_bytes"] < 0.15 * dense
+
+
+class UniformServer(FedAvg):
+    def server_step(self, ctx, messages):
+        return average_messages(messages, ctx.store.mask(ctx.node), None)
+
+
+def test_server_step_replaces_the_servers_average():
+    trainer = _run(UniformServer(clients_per_round=3), rounds=1)
+    store = trainer.store
+    trained = [k for k in range(5) if int(store.slot[k]) == 1]
+    expected = masked_average(*store.gather([(k, False) for k in trained]))  # uniform, not by sample count
+    got, _ = store.published(5)
+    for n in expected:
+        assert torch.allclose(got[n], expected[n], atol=1e-6)
+
+
+# -- evaluation and participation ------------------------------------------------------------------
+class Order(FederatedCallback):
+    def __init__(self, log):
+        self.log = log
+
+    def on_client_train_end(self, trainer, pl_module, client_id):
+        self.log.append(("train_end", client_id))
+
+
+class Stages(Local):
+    def __init__(self, log):
+        self.log = log
+
+    def evaluate(self, ctx, stage):
+        self.log.append((stage, ctx.node))
+        return 0.25 if stage == "trained" else 0.5
+
+
+def test_evaluate_hook_scores_the_published_model_after_the_train_end_hooks():
+    log = []
+    trainer = _run(Stages(log), rounds=1, callbacks=[Order(log)])
+    for k in range(5):
+        assert log.index(("aggregated", k)) < log.index(("train_end", k)) < log.index(("trained", k))
+    assert trainer.history[0]["acc/personal_mean"] == 0.25 and trainer.history[0]["acc/aggregated_mean"] == 0.5
+
+
+class Some(Local):
+    def __init__(self, chosen):
+        self.chosen = chosen
+
+    def participants(self, ctx):
+        return self.chosen
+
+
+def test_participants_take_part_and_the_others_keep_their_state():
+    trainer = _run(Some([0, 2]), rounds=1)
+    assert [int(s) for s in trainer.store.slot[:5]] == [1, 0, 1, 0, 0]
+    assert trainer.history[0]["samples/train"] == sum(trainer.datamodule.client_train_size(k) for k in (0, 2))
+    with pytest.raises(ValueError, match="participants returned \\[0, 9\\]"):
+        _run(Some([0, 9]), rounds=1)
