@@ -103,7 +103,7 @@ class ScoreRecorder(PruningTimeVoting):
 
     def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
         super().on_federated_round_end(trainer, pl_module)
-        self.per_round.append(dict(self.scores))  # every client trains every round in DisPFL
+        self.per_round.append(self.latest_scores(trainer))  # every client trains every round in DisPFL
 
 
 def calibrate_delta_pr(per_round: list[dict[int, float]], rounds: int, target: float, delta_v: float) -> dict:

@@ -86,10 +86,11 @@ def build(setting: dict[str, Any], seed: int) -> tuple[FederatedDataModule, Spar
 #: (file suffix, function) -> label: where a profiled round spends its time (cumulative; rows may nest:
 #: the RigL callback contains the regrowth gradient and the mask selection).
 PROFILED = {
-    ("federation/trainer.py", "_train_local"): "local training (masked model under Fabric)",
-    ("federation/trainer.py", "_accuracy"): "evaluations",
-    ("federation/trainer.py", "_aggregate"): "masked aggregation (gather + average)",
-    ("federation/trainer.py", "_load"): "loading weights into the worker",
+    ("federation/local.py", "train_locally"): "local training (masked model under Fabric)",
+    ("federation/evaluation.py", "accuracy"): "evaluations",
+    ("federation/algorithms/base.py", "message"): "messages (views of the store, bytes counted)",
+    ("federation/algorithms/base.py", "aggregate"): "masked aggregation (gather + average)",
+    ("federation/executor.py", "load"): "loading weights into the worker",
     ("federation/state.py", "publish"): "publishing to the store",
     ("federation/state.py", "set_mask"): "storing the next mask",
     ("callbacks/rigl.py", "on_client_end"): "RigL callback, total",

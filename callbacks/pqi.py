@@ -6,20 +6,27 @@ of the layer's active weights says it can spare (:func:`~lightning_dfl.sparse.pq
 When a step would pass ``s*``, every layer's count is scaled by one common factor so that the
 masked set lands on ``s*`` exactly (:func:`~lightning_dfl.sparse.pqi.prune_budget`). The pruned
 weights are zeroed at once, so the model a client publishes is the pruned one (line 25).
+
+Each client's sparsity after its latest task is a per-client record (the client store's field
+``pqi/sparsity`` in a federation, the callback's one record in a plain ``Trainer``, see
+:mod:`~lightning_dfl.callbacks._records`); the log of prune events is global.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_dfl.callbacks._mask_owner import MaskOwner, federated_mask, module_mask
+from lightning_dfl.callbacks._records import ClientRecords, OneRecord
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
 from lightning_dfl.checks import is_int, is_number
 from lightning_dfl.sparse.masks import ModelMask, maskable_parameters
@@ -34,10 +41,13 @@ from lightning_dfl.sparse.pqi import (
 )
 from lightning_dfl.stats import mean_std
 
+SPARSITY = "pqi/sparsity"  #: float64: a client's sparsity after its latest task, after pruning (NaN: none yet)
+_FIELDS = ({"name": SPARSITY, "dtype": torch.float64, "fill": math.nan},)
+
 
 @dataclass(frozen=True)
 class PruneEvent:
-    """One run of Alg. 2 on one client (``client`` is 0 in a plain ``Trainer``)."""
+    """One run of Alg. 2 on one client (``client`` is 0 in a plain ``Trainer``); plain numbers only."""
 
     round_idx: int
     client: int
@@ -67,13 +77,17 @@ class PQIPruning(FederatedCallback):
     :class:`~lightning_dfl.sparse.masks.ModelMask` and zeros the pruned weights. At
     ``on_federated_round_end`` ``trainer.log_metrics`` gets ``pqi/pruned_clients`` (clients on
     which Alg. 2 ran), ``pqi/pruned_weights`` and ``sparsity/mean``, ``sparsity/std`` over the
-    clients that trained (population std, after pruning).
+    clients that trained (population std, after pruning). Each client's sparsity after its latest
+    task is its store field ``pqi/sparsity`` (float64, NaN: none yet; :meth:`client_state_fields`).
 
     Plain ``Trainer``: prunes at ``on_train_epoch_end`` of the scheduled epochs and logs
     ``pqi/pruned_weights`` and ``sparsity/mean`` with ``pl_module.log``. A module without its own
     mask gets one from the callback at ``setup("fit")`` over its Conv/Linear weights, active
     where the weight is nonzero (dense for a fresh model); its hooks keep pruned weights at zero
     (as :class:`~lightning_dfl.callbacks.rigl.RigL` does; the two do not share such a mask).
+
+    Checkpoints: :meth:`state_dict` holds :attr:`history` (plain dicts), an owned mask and, in a
+    plain ``Trainer``, the one client's record (in a federation the records go with the store).
 
     Args:
         target_sparsity: ``s*``, the share of zeros over the masked set to reach, in ``[0, 1)``.
@@ -135,12 +149,11 @@ class PQIPruning(FederatedCallback):
 
         self._masks = MaskOwner("PQIPruning")
         self._voter: Any = None
-        #: every run of Alg. 2, in order.
+        self._records = ClientRecords("PQIPruning")
+        #: every run of Alg. 2, in order (a global log, not per-client state).
         self.history: list[PruneEvent] = []
-        #: each client's sparsity after its latest task (after pruning).
-        self.client_sparsity: dict[int, float] = {}
         self._round: int | None = None
-        self._round_sparsity: dict[int, float] = {}
+        self._round_sparsity: list[tuple[int, float]] = []  # this round's (client, sparsity)
         self._round_events = 0
         self._round_pruned = 0
 
@@ -163,6 +176,10 @@ class PQIPruning(FederatedCallback):
             raise RuntimeError("PQIPruning has no schedule yet: with schedule=None it finds the voting callback "
                                "in `setup('fit')`")
         return bool(self._voter.is_pruning_round(round_idx))
+
+    def client_state_fields(self, trainer: Any, pl_module: Any) -> list[dict[str, Any]]:
+        """A client's record, declared for the federation's client store: ``pqi/sparsity``."""
+        return [dict(f) for f in _FIELDS]
 
     def _find_voter(self, trainer: Any) -> Any:
         callbacks = list(getattr(trainer, "callbacks", None) or [])
@@ -195,6 +212,8 @@ class PQIPruning(FederatedCallback):
                     "PQIPruning in a federation needs the module's own ModelMask (`pl_module.mask`), so that each "
                     f"client's mask travels with its state; {type(pl_module).__name__} has none")
             return
+        if SPARSITY not in self._records.plain:
+            self._records.plain = OneRecord(_FIELDS)
         self._masks.setup(pl_module, lambda: {name: p.detach() != 0
                                               for name, p in maskable_parameters(pl_module).items()})
 
@@ -219,7 +238,8 @@ class PQIPruning(FederatedCallback):
         if not is_federated(trainer) and getattr(trainer, "world_size", 1) > 1:  # identical masks on every rank
             new = trainer.strategy.broadcast(new, src=0)
         mask.load_(new, apply=True)
-        event = PruneEvent(round_idx, client, sum(counts.values()), before, mask.sparsity(), dict(counts))
+        event = PruneEvent(int(round_idx), int(client), int(sum(counts.values())), float(before),
+                           float(mask.sparsity()), {str(n): int(c) for n, c in counts.items()})
         self.history.append(event)
         if self.verbose >= 1:
             rank_zero_info(f"PQI {when}: pruned {event.pruned} weights, sparsity {before:.4f} -> "
@@ -248,15 +268,22 @@ class PQIPruning(FederatedCallback):
             if event is not None:
                 self._round_events += 1
                 self._round_pruned += event.pruned
-        self.client_sparsity[client] = self._round_sparsity[client] = mask.sparsity()
+        self._round_sparsity.append((client, self._note_sparsity(trainer, client, mask)))
 
     def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
         if self._round != int(trainer.current_round) or not self._round_sparsity:
             return
-        mean, std = mean_std(list(self._round_sparsity.values()))
+        mean, std = mean_std([v for _, v in sorted(self._round_sparsity)])  # by client: order-free sums
         trainer.log_metrics({"pqi/pruned_clients": float(self._round_events),
                              "pqi/pruned_weights": float(self._round_pruned),
                              "sparsity/mean": mean, "sparsity/std": std})
+        self._round_sparsity.clear()
+
+    def _note_sparsity(self, trainer: Any, client: int, mask: ModelMask) -> float:
+        """Write ``client``'s sparsity after its task (after pruning) into its record; return it."""
+        sparsity = mask.sparsity()
+        self._records.of(trainer, client)[SPARSITY] = sparsity
+        return sparsity
 
     # -- plain Trainer -------------------------------------------------------------------
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
@@ -271,14 +298,14 @@ class PQIPruning(FederatedCallback):
         event = None
         if self.should_prune(epoch):
             event = self._prune(trainer, mask, epoch, 0, f"epoch {epoch}")
-        self.client_sparsity[0] = mask.sparsity()
+        sparsity = self._note_sparsity(trainer, 0, mask)
         pl_module.log("pqi/pruned_weights", float(event.pruned if event else 0), on_step=False, on_epoch=True)
-        pl_module.log("sparsity/mean", mask.sparsity(), on_step=False, on_epoch=True)
+        pl_module.log("sparsity/mean", sparsity, on_step=False, on_epoch=True)
 
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"history": [asdict(e) for e in self.history],
-                                 "client_sparsity": dict(self.client_sparsity)}
+                                 "plain": self._records.plain.state()}
         masks = self._masks.state()
         if masks is not None:
             state["masks"] = masks
@@ -286,5 +313,5 @@ class PQIPruning(FederatedCallback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [PruneEvent(**e) for e in state_dict.get("history", [])]
-        self.client_sparsity = {int(k): float(v) for k, v in state_dict.get("client_sparsity", {}).items()}
+        self._records.plain.load(state_dict.get("plain") or {})
         self._masks.load_state(state_dict.get("masks"))

@@ -13,9 +13,16 @@ The pure rules live in :mod:`lightning_dfl.scheduling`; this callback feeds them
 Round numbering: the papers count rounds ``t = 1..T``; the engine counts ``round_idx = t - 1``
 from 0. ``Delta^1`` is the Delta of a client's first round; in that round it has no score and
 votes 0 (Eq. 4 read literally, with ``Delta^0 = ||w^0 - w^0||^2 = 0``, gives the score 1 there,
-which is not stable for any ``delta_pr <= 1``). ``t*`` is reported in paper numbering (``round_idx + 1`` of the first round whose vote
-share reaches ``delta_v``); a paper pruning round ``t_p`` runs at ``round_idx = t_p - 1``, so the
-first pruning happens in a later round than the one that decided ``t*`` (Alg. 1 line 27).
+which is not stable for any ``delta_pr <= 1``). ``t*`` is reported in paper numbering
+(``round_idx + 1`` of the first round whose vote share reaches ``delta_v``); a paper pruning round
+``t_p`` runs at ``round_idx = t_p - 1``, so the first pruning happens in a later round than the
+one that decided ``t*`` (Alg. 1 line 27).
+
+Where the records live: a client's Deltas, score, vote and initial model are per-client records
+(:mod:`~lightning_dfl.callbacks._records`): in a federation they are fields of the client store,
+checkpointed with it; in a plain ``Trainer`` the callback keeps its one voter's record. The
+per-round aggregates (vote shares, mean scores, ``t*``, the pruning rounds) and the shared
+reference of the initial models are global: they live in the callback and its ``state_dict``.
 """
 
 from __future__ import annotations
@@ -24,7 +31,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule, Trainer
@@ -32,12 +38,39 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from lightning_dfl.callbacks._mask_owner import module_mask
+from lightning_dfl.callbacks._records import ClientRecords, OneRecord
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
 from lightning_dfl.checks import is_number
 from lightning_dfl.scheduling import PruningSchedule, detection_score, first_pruning_round, pruning_rounds, vote
 
 #: The voter id used in a plain ``Trainer`` (one model, one vote).
 PLAIN_VOTER = 0
+
+# A voter's record (client store fields in a federation, see ``PruningTimeVoting.client_state_fields``).
+HAS_INITIAL = "voting/has_initial"  #: bool: its initial model w^0 was taken
+INITIAL_MASK = "voting/initial_mask"  #: uint8, one bit per masked entry: the mask of w^0 (:func:`pack_bits`)
+DELTA_FIRST = "voting/delta_first"  #: float64: Delta^1, the Delta of its first round (NaN: none yet)
+DELTA_LAST = "voting/delta_last"  #: float64: the Delta of its latest round (NaN: none yet)
+SCORE = "voting/score"  #: float64: its latest score, Eq. 4 (NaN: none yet, before its second round)
+VOTE = "voting/vote"  #: int8: its latest vote, Eq. 5 (-1: none yet)
+
+_BIT_VALUES = (128, 64, 32, 16, 8, 4, 2, 1)
+
+
+def pack_bits(bits: Tensor) -> Tensor:
+    """``numpy.packbits`` of a bool tensor's flattened entries, on its device: ``ceil(n / 8)`` uint8,
+    the first entry in the highest bit, the last byte padded with zeros."""
+    flat = bits.reshape(-1)
+    padded = torch.zeros(-(-flat.numel() // 8) * 8, dtype=torch.uint8, device=flat.device)
+    padded[:flat.numel()] = flat
+    values = torch.tensor(_BIT_VALUES, dtype=torch.uint8, device=flat.device)
+    return (padded.view(-1, 8) * values).sum(1, dtype=torch.uint8)
+
+
+def unpack_bits(packed: Tensor, count: int) -> Tensor:
+    """The first ``count`` entries packed by :func:`pack_bits`, as a flat bool tensor on ``packed``'s device."""
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=packed.device)
+    return (packed.reshape(-1, 1) >> shifts).bitwise_and_(1).view(-1)[:count].bool()
 
 
 def _floating_parameters(pl_module: Any) -> dict[str, Tensor]:
@@ -53,81 +86,85 @@ def _masks_by_parameter_name(pl_module: Any, params: Mapping[str, Tensor]) -> di
     return {name_of[id(p)]: mask.masks[m] for m, p in mask.params.items() if id(p) in name_of}
 
 
-class InitialModels:
-    """Each voter's initial model ``w^0``, stored compactly and reconstructed exactly.
+@torch.no_grad()
+def distance_sq(params: Mapping[str, Tensor], initial: Mapping[str, Tensor]) -> float:
+    """``||w - w^0||^2`` over ``params`` (Eq. 4's Delta), accumulated in float64 (float32 on MPS), parameter
+    by parameter in ``params``' order."""
+    total: Tensor | None = None
+    for name, p in params.items():
+        w0 = initial[name].to(p.device)
+        if w0.shape != p.shape:
+            raise ValueError(f"parameter {name!r} has shape {tuple(p.shape)}, its initial value {tuple(w0.shape)}")
+        acc = torch.float32 if p.device.type == "mps" else torch.float64
+        part = (p.detach().to(acc) - w0.to(acc)).square().sum()
+        total = part if total is None else total + part.to(total.device)
+    return float(total) if total is not None else 0.0
 
-    Clients usually start from one shared dense model, each masked by its own initial mask.
-    The first consistent model becomes a CPU *reference*; a client whose model equals the
-    reference on its active entries (masked parameters), is zero on its inactive ones, and
-    equals it everywhere on unmasked parameters is stored as its mask's packed bits
-    (``numpy.packbits``, 1 bit per masked entry); entries the reference does not know yet are
-    filled in from that client. Any other client (another initialization, a foreign module
-    without a mask that differs from the reference, NaNs) is stored as a full CPU copy. The
-    reconstruction ``where(mask, reference, 0)`` is therefore exact, up to the sign of zeros.
+
+class InitialModels:
+    """The voters' initial models ``w^0``: one shared reference model, and per voter its mask's bits.
+
+    Clients start from one shared dense model, each masked by its own initial mask. The first
+    model becomes a CPU *reference*; a later one is compatible with it when it equals the
+    reference on the active entries both know (masked parameters), is zero on its inactive ones,
+    and equals it everywhere on unmasked parameters; the entries it knows and the reference does
+    not are filled in from it. A compatible voter's ``w^0`` is ``where(mask, reference, 0)``,
+    exact up to the sign of zeros, so it is kept as its mask's packed bits (:func:`pack_bits`,
+    one bit per masked entry, in the order of :attr:`known`). The reference is global (the
+    callback's ``state_dict``); the bits are per voter (its record).
     """
 
     def __init__(self) -> None:
         self.reference: dict[str, Tensor] | None = None
-        self.known: dict[str, Tensor] = {}  # masked names: entries of the reference seen so far
-        self.clients: dict[int, dict[str, dict[str, Tensor]]] = {}  # {"bits": ...} or {"full": ...}
+        self.known: dict[str, Tensor] = {}  # masked names, in packing order: entries of the reference seen so far
         self._version = 0
         self._cache: tuple[torch.device, int, dict[str, Tensor]] | None = None
 
-    def __contains__(self, client: int) -> bool:
-        return client in self.clients
-
-    @property
-    def num_full_copies(self) -> int:
-        """Clients stored as a full copy rather than as bits over the shared reference."""
-        return sum("full" in entry for entry in self.clients.values())
-
     def nbytes(self) -> int:
+        """Memory held by the reference and :attr:`known` (the part shared by all voters)."""
         tensors = list((self.reference or {}).values()) + list(self.known.values())
-        for entry in self.clients.values():
-            for part in entry.values():
-                tensors += list(part.values())
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    @torch.no_grad()
-    def add(self, client: int, params: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> None:
-        """Store ``client``'s initial model ``params`` (masked by ``masks``, names a subset)."""
-        cpu = {n: t.detach().to("cpu", copy=True) for n, t in params.items()}
-        bool_masks = {n: masks[n].detach().to("cpu", dtype=torch.bool) for n in masks}
-        if self._compatible(cpu, bool_masks):
-            if self.reference is None:
-                self.reference = {n: torch.where(bool_masks[n], w, torch.zeros_like(w)) if n in bool_masks else w
-                                  for n, w in cpu.items()}
-                self.known = {n: m.clone() for n, m in bool_masks.items()}
-            else:
-                for n, m in bool_masks.items():
-                    new = m & ~self.known[n]
-                    self.reference[n][new] = cpu[n][new]
-                    self.known[n] |= m
-            self._version += 1
-            self.clients[client] = {"bits": {n: torch.from_numpy(np.packbits(m.numpy().reshape(-1)))
-                                             for n, m in bool_masks.items()}}
-        else:
-            self.clients[client] = {"full": cpu}
-
-    def _compatible(self, cpu: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> bool:
+    def incompatibility(self, params: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> str | None:
+        """Why the CPU ``params`` (masked by the bool ``masks``, names a subset) are not the reference
+        under a mask, or None when they are."""
         for n, m in masks.items():
-            if m.shape != cpu[n].shape or bool(cpu[n][~m].ne(0).any()):
-                return False  # nonzero (or NaN) outside its mask
+            if m.shape != params[n].shape:
+                return f"the mask of {n!r} has shape {tuple(m.shape)}, the parameter {tuple(params[n].shape)}"
+            if bool(params[n][~m].ne(0).any()):
+                return f"{n!r} is nonzero (or NaN) outside its mask"
         if self.reference is None:
-            return True
-        if set(cpu) != set(self.reference) or set(masks) != set(self.known):
-            return False
-        for n, w in cpu.items():
+            return None
+        if set(params) != set(self.reference) or set(masks) != set(self.known):
+            return (f"its parameters {sorted(params)} (masked {sorted(masks)}) are not the reference's "
+                    f"{sorted(self.reference)} (masked {sorted(self.known)})")
+        for n, w in params.items():
             ref = self.reference[n]
             if w.shape != ref.shape or w.dtype != ref.dtype:
-                return False
+                return f"{n!r} is {w.dtype} {tuple(w.shape)}, the reference's {ref.dtype} {tuple(ref.shape)}"
             if n in masks:
                 both = masks[n] & self.known[n]
                 if not torch.equal(w[both], ref[both]):
-                    return False
+                    return f"{n!r} differs from the reference on active entries (or holds NaN)"
             elif not torch.equal(w, ref):
-                return False
-        return True
+                return f"the unmasked {n!r} differs from the reference (or holds NaN)"
+        return None
+
+    @torch.no_grad()
+    def add(self, params: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> Tensor:
+        """Merge a compatible initial model (CPU ``params`` under the bool ``masks``, see
+        :meth:`incompatibility`) into the reference; return its mask's packed bits."""
+        if self.reference is None:
+            self.reference = {n: torch.where(masks[n], w, torch.zeros_like(w)) if n in masks else w.clone()
+                              for n, w in params.items()}
+            self.known = {n: m.clone() for n, m in masks.items()}
+        else:
+            for n, m in masks.items():
+                new = m & ~self.known[n]
+                self.reference[n][new] = params[n][new]
+                self.known[n] |= m
+        self._version += 1
+        return pack_bits(torch.cat([masks[n].reshape(-1) for n in self.known] or [torch.zeros(0, dtype=torch.bool)]))
 
     def _reference_on(self, device: torch.device) -> dict[str, Tensor]:
         assert self.reference is not None
@@ -135,44 +172,26 @@ class InitialModels:
             self._cache = (device, self._version, {n: t.to(device) for n, t in self.reference.items()})
         return self._cache[2]
 
-    def get(self, client: int, name: str, device: torch.device) -> Tensor:
-        """Parameter ``name`` of ``client``'s initial model, on ``device``."""
-        entry = self.clients[client]
-        if "full" in entry:
-            return entry["full"][name].to(device)
-        ref = self._reference_on(device)[name]
-        bits = entry["bits"].get(name)
-        if bits is None:
-            return ref
-        mask = np.unpackbits(bits.numpy(), count=ref.numel()).astype(bool).reshape(tuple(ref.shape))
-        return torch.where(torch.from_numpy(mask).to(device), ref, torch.zeros((), dtype=ref.dtype, device=device))
-
-    @torch.no_grad()
-    def distance_sq(self, client: int, params: Mapping[str, Tensor]) -> float:
-        """``||w - w^0||^2`` over ``params`` (Eq. 4's Delta), accumulated in float64."""
-        entry = self.clients[client]
-        names = set(entry.get("full", self.reference) or {})
-        if set(params) != names:
-            raise ValueError(f"client {client}'s parameters changed since its initial model was stored: "
-                             f"missing {sorted(names - set(params))}, new {sorted(set(params) - names)}")
-        total: Tensor | None = None
-        for name, p in params.items():
-            w0 = self.get(client, name, p.device)
-            if w0.shape != p.shape:
-                raise ValueError(f"parameter {name!r} has shape {tuple(p.shape)}, its initial value "
-                                 f"{tuple(w0.shape)}")
-            acc = torch.float32 if p.device.type == "mps" else torch.float64
-            part = (p.detach().to(acc) - w0.to(acc)).square().sum()
-            total = part if total is None else total + part.to(total.device)
-        return float(total) if total is not None else 0.0
+    def model(self, bits: Tensor, device: torch.device) -> dict[str, Tensor]:
+        """The initial model whose mask :meth:`add` packed into ``bits``, on ``device``."""
+        if self.reference is None:
+            raise RuntimeError("no initial model was added yet: there is no reference")
+        reference = self._reference_on(device)
+        flat = unpack_bits(bits.to(device), sum(m.numel() for m in self.known.values()))
+        model, offset = dict(reference), 0
+        for n, known in self.known.items():
+            mask = flat[offset:offset + known.numel()].view(known.shape)
+            offset += known.numel()
+            ref = reference[n]
+            model[n] = torch.where(mask, ref, torch.zeros((), dtype=ref.dtype, device=device))
+        return model
 
     def state(self) -> dict[str, Any]:
-        return {"reference": self.reference, "known": self.known, "clients": self.clients}
+        return {"reference": self.reference, "known": self.known}
 
     def load(self, state: Mapping[str, Any]) -> None:
         self.reference = state.get("reference")
         self.known = dict(state.get("known") or {})
-        self.clients = {int(k): v for k, v in (state.get("clients") or {}).items()}
         self._version += 1
         self._cache = None
 
@@ -193,14 +212,24 @@ class PruningTimeVoting(FederatedCallback):
     ``voting/share``, ``voting/score_mean`` (when some client has a score) and, once decided,
     ``voting/t_star``. A client that skipped rounds compares with its own last Delta.
 
-    Plain ``Trainer``: one voter; ``w^0`` is taken at ``on_fit_start`` (a fresh fit resets the
-    history unless a checkpoint state was loaded), a round is an epoch (``t`` = epoch + 1),
-    ``T = max_epochs`` (must be finite) and the metrics are logged with ``pl_module.log``.
+    Each client's record lives in the client store (:meth:`client_state_fields`, read with
+    ``trainer.client_state(k)``): ``voting/delta_first`` (``Delta^1``), ``voting/delta_last``,
+    ``voting/score`` (float64, NaN: none yet), ``voting/vote`` (int8, -1: none yet),
+    ``voting/has_initial`` (bool) and ``voting/initial_mask``, the mask of ``w^0`` as packed bits
+    (uint8, one bit per masked entry). ``w^0`` itself is the callback's shared reference model
+    under that mask (:class:`InitialModels`; :meth:`initial_model` rebuilds it): every client
+    starts from the shared initial model masked by its own mask, and a client whose initial
+    model is not of that form is refused with an error that says why.
 
-    Checkpoints: :meth:`state_dict` holds the Deltas, scores, votes, shares, ``t*`` and the
-    initial models in their compact form (one reference model plus one bit per masked entry per
-    client; full copies only for clients that need them), since a resumed run can no longer see
-    ``w^0``. Use one callback instance per run.
+    Plain ``Trainer``: one voter whose record the callback keeps; ``w^0`` is taken at
+    ``on_fit_start`` (a fresh fit resets the history unless a checkpoint state was loaded), as
+    the reference plus its mask's bits, or as a full copy when it is nonzero (or NaN) outside its
+    mask; a round is an epoch (``t`` = epoch + 1), ``T = max_epochs`` (must be finite) and the
+    metrics are logged with ``pl_module.log``.
+
+    Checkpoints: :meth:`state_dict` holds the per-round vote shares and mean scores, ``t*``, the
+    reference of the initial models and, in a plain ``Trainer``, the one voter's record (in a
+    federation the records are checkpointed with the store). Use one callback instance per run.
 
     Args:
         delta_pr: pruning threshold of Eq. 5, > 0 (the papers use 0.01-0.03).
@@ -235,12 +264,9 @@ class PruningTimeVoting(FederatedCallback):
 
     def _reset(self) -> None:
         self._initial = InitialModels()
-        #: per client: Delta of its first round (Delta^1) and of its latest round.
-        self.delta_first: dict[int, float] = {}
-        self.delta_last: dict[int, float] = {}
-        #: per client: its latest score (absent before its second round) and vote.
-        self.scores: dict[int, float] = {}
-        self.votes: dict[int, int] = {}
+        self._records = ClientRecords("PruningTimeVoting")
+        #: a plain ``Trainer``'s one voter: its full initial model when it is no masked reference.
+        self._plain_initial: dict[str, Tensor] | None = None
         #: per round index: the vote share and the mean score of the clients that trained.
         self.vote_shares: dict[int, float] = {}
         self.score_means: dict[int, float] = {}
@@ -250,8 +276,8 @@ class PruningTimeVoting(FederatedCallback):
         #: the pruning rounds of Eq. 6 as 0-based round (epoch) indices.
         self.pruning_round_indices: tuple[int, ...] = ()
         self._round: int | None = None
-        self._round_votes: dict[int, int] = {}
-        self._round_scores: dict[int, float] = {}
+        self._round_votes: list[int] = []  # this round's votes and scores, in the order the clients trained
+        self._round_scores: list[float] = []
 
     # -- public --------------------------------------------------------------------------
     def is_pruning_round(self, round_idx: int) -> bool:
@@ -265,42 +291,96 @@ class PruningTimeVoting(FederatedCallback):
             return None
         return PruningSchedule(self.t_star, self.total_rounds, self.b, self.c)
 
-    @property
-    def num_full_copies(self) -> int:
-        """Clients whose initial model is kept as a full copy (the others cost one bit per masked entry)."""
-        return self._initial.num_full_copies
+    def client_state_fields(self, trainer: Any, pl_module: Any) -> list[dict[str, Any]]:
+        """A voter's record, declared for the federation's client store (see the class docstring)."""
+        params = _floating_parameters(pl_module)
+        masked = sum(m.numel() for m in _masks_by_parameter_name(pl_module, params).values())
+        return [
+            {"name": HAS_INITIAL, "dtype": torch.bool},
+            {"name": INITIAL_MASK, "shape": (-(-masked // 8),), "dtype": torch.uint8},
+            {"name": DELTA_FIRST, "dtype": torch.float64, "fill": math.nan},
+            {"name": DELTA_LAST, "dtype": torch.float64, "fill": math.nan},
+            {"name": SCORE, "dtype": torch.float64, "fill": math.nan},
+            {"name": VOTE, "dtype": torch.int8, "fill": -1.0},
+        ]
+
+    def initial_model(self, trainer: Any, client: int, device: torch.device | str = "cpu") -> dict[str, Tensor]:
+        """``client``'s initial model ``w^0`` by ``pl_module.named_parameters()`` name, on ``device``."""
+        record = self._records.of(trainer, client)
+        if not bool(record[HAS_INITIAL]):
+            raise RuntimeError(f"PruningTimeVoting has no initial model of client {client}: it is taken at the "
+                               "client's first `on_client_before_aggregation` (in a plain Trainer at "
+                               "`on_fit_start`), which was not called")
+        if self._plain_initial is not None and not is_federated(trainer):
+            return {n: t.to(device) for n, t in self._plain_initial.items()}
+        return self._initial.model(record[INITIAL_MASK], torch.device(device))
+
+    def latest_scores(self, trainer: Any) -> dict[int, float]:
+        """Each client's latest score (Eq. 4) from its record; clients without one are left out."""
+        scores = {k: float(self._records.of(trainer, k)[SCORE]) for k in self._records.clients(trainer)}
+        return {k: s for k, s in scores.items() if not math.isnan(s)}
 
     # -- the rules -----------------------------------------------------------------------
+    @torch.no_grad()
+    def _take_initial(self, trainer: Any, pl_module: Any, client: int) -> None:
+        """Keep the module's current model as ``client``'s ``w^0``: the reference plus its mask's bits."""
+        params = _floating_parameters(pl_module)
+        cpu = {n: t.detach().to("cpu", copy=True) for n, t in params.items()}
+        masks = {n: m.detach().to("cpu", dtype=torch.bool)
+                 for n, m in _masks_by_parameter_name(pl_module, params).items()}
+        problem = self._initial.incompatibility(cpu, masks)
+        record = self._records.of(trainer, client)
+        if problem is None:
+            record[INITIAL_MASK] = self._initial.add(cpu, masks)
+        elif is_federated(trainer):
+            raise RuntimeError(
+                f"PruningTimeVoting: client {client}'s initial model is not the shared initial model under its "
+                f"mask: {problem}. In a federation every client starts from the shared initial model masked by "
+                "its own mask, and w^0 is kept as that model plus one bit per masked entry; start every client "
+                "from the same model")
+        else:
+            self._plain_initial = cpu
+        record[HAS_INITIAL] = True
+
+    def _delta(self, trainer: Any, pl_module: Any, client: int) -> float:
+        """Eq. 4's ``Delta = ||w^t - w^0||^2`` of the module's floating parameters."""
+        params = _floating_parameters(pl_module)
+        initial = self.initial_model(trainer, client, next(iter(params.values())).device if params else "cpu")
+        if set(params) != set(initial):
+            raise ValueError(f"client {client}'s parameters changed since its initial model was stored: "
+                             f"missing {sorted(set(initial) - set(params))}, new {sorted(set(params) - set(initial))}")
+        return distance_sq(params, initial)
+
     def _begin_round(self, round_idx: int) -> None:
         if self._round != round_idx:
             self._round = round_idx
             self._round_votes.clear()
             self._round_scores.clear()
 
-    def _record(self, client: int, delta: float) -> tuple[float | None, int]:
-        """Eq. 4-5 for one client's Delta; the first Delta of a client gives no score, vote 0."""
-        if client not in self.delta_first:
-            self.delta_first[client] = self.delta_last[client] = delta
-            score, v = None, 0
+    def _record(self, record: Any, delta: float) -> None:
+        """Eq. 4-5 for one client's Delta, in its record; a client's first Delta gives no score, vote 0."""
+        if int(record[VOTE]) < 0:
+            record[DELTA_FIRST] = delta
+            record[DELTA_LAST] = delta
+            v = 0
         else:
-            score = detection_score(delta, self.delta_last[client], self.delta_first[client])
+            score = detection_score(delta, float(record[DELTA_LAST]), float(record[DELTA_FIRST]))
             v = vote(score, self.delta_pr)
-            self.delta_last[client] = delta
-            self.scores[client] = score
-            self._round_scores[client] = score
-        self.votes[client] = v
-        self._round_votes[client] = v
-        return score, v
+            record[DELTA_LAST] = delta
+            record[SCORE] = score
+            self._round_scores.append(score)
+        record[VOTE] = v
+        self._round_votes.append(v)
 
     def _close_round(self, round_idx: int, total: int) -> dict[str, float]:
         """The round's vote share, ``t*`` (once) and the metrics to log."""
         if self._round != round_idx or not self._round_votes:
             return {}
-        share = sum(self._round_votes.values()) / len(self._round_votes)
+        share = sum(self._round_votes) / len(self._round_votes)
         self.vote_shares[round_idx] = share
         metrics = {"voting/share": share}
         if self._round_scores:
-            mean = math.fsum(self._round_scores.values()) / len(self._round_scores)
+            mean = math.fsum(self._round_scores) / len(self._round_scores)
             self.score_means[round_idx] = mean
             metrics["voting/score_mean"] = mean
         if self.t_star is None:
@@ -331,23 +411,21 @@ class PruningTimeVoting(FederatedCallback):
             if isinstance(total, bool) or not isinstance(total, int) or total < 1:
                 raise MisconfigurationException(f"PruningTimeVoting needs the number of rounds T "
                                                 f"(`trainer.max_rounds`) as an int >= 1, got {total!r}")
+            self._reset()  # the records start afresh in the new store; a checkpoint is loaded after setup
 
     def on_federated_round_start(self, trainer: Any, pl_module: Any) -> None:
         self._begin_round(int(trainer.current_round))
 
     def on_client_before_aggregation(self, trainer: Any, pl_module: Any, client_id: int) -> None:
         client = int(client_id)
-        if client not in self._initial:
-            params = _floating_parameters(pl_module)
-            self._initial.add(client, params, _masks_by_parameter_name(pl_module, params))
+        if not bool(self._records.of(trainer, client)[HAS_INITIAL]):
+            self._take_initial(trainer, pl_module, client)
 
     def on_client_train_end(self, trainer: Any, pl_module: Any, client_id: int) -> None:
         client = int(client_id)
-        if client not in self._initial:
-            raise RuntimeError(f"PruningTimeVoting has no initial model of client {client}: it is taken at the "
-                               "client's first `on_client_before_aggregation`, which was not called")
+        delta = self._delta(trainer, pl_module, client)
         self._begin_round(int(trainer.current_round))
-        self._record(client, self._initial.distance_sq(client, _floating_parameters(pl_module)))
+        self._record(self._records.of(trainer, client), delta)
 
     def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
         metrics = self._close_round(int(trainer.current_round), int(trainer.max_rounds))
@@ -365,39 +443,40 @@ class PruningTimeVoting(FederatedCallback):
         restored, self._restored = self._restored, False
         if not restored:
             self._reset()
-        if PLAIN_VOTER not in self._initial:
-            params = _floating_parameters(pl_module)
-            self._initial.add(PLAIN_VOTER, params, _masks_by_parameter_name(pl_module, params))
+        if HAS_INITIAL not in self._records.plain:
+            self._records.plain = OneRecord(self.client_state_fields(trainer, pl_module))
+        if not bool(self._records.plain[HAS_INITIAL]):
+            self._take_initial(trainer, pl_module, PLAIN_VOTER)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if is_federated(trainer):
             return  # a local epoch of a client; the federation votes per round
         epoch = int(trainer.current_epoch)
         self._begin_round(epoch)
-        self._record(PLAIN_VOTER, self._initial.distance_sq(PLAIN_VOTER, _floating_parameters(pl_module)))
+        self._record(self._records.plain, self._delta(trainer, pl_module, PLAIN_VOTER))
         for name, value in self._close_round(epoch, int(trainer.max_epochs)).items():
             pl_module.log(name, value, on_step=False, on_epoch=True)
 
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
-            "delta_first": dict(self.delta_first), "delta_last": dict(self.delta_last),
-            "scores": dict(self.scores), "votes": dict(self.votes),
             "vote_shares": dict(self.vote_shares), "score_means": dict(self.score_means),
             "t_star": self.t_star, "total_rounds": self.total_rounds,
             "initial": self._initial.state(),
+            "plain": {"record": self._records.plain.state(), "initial": self._plain_initial},
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._reset()
 
-        def ints(key: str, cast: type) -> dict:
-            return {int(k): cast(v) for k, v in (state_dict.get(key) or {}).items()}
+        def ints(key: str) -> dict[int, float]:
+            return {int(k): float(v) for k, v in (state_dict.get(key) or {}).items()}
 
-        self.delta_first, self.delta_last = ints("delta_first", float), ints("delta_last", float)
-        self.scores, self.votes = ints("scores", float), ints("votes", int)
-        self.vote_shares, self.score_means = ints("vote_shares", float), ints("score_means", float)
+        self.vote_shares, self.score_means = ints("vote_shares"), ints("score_means")
         self._initial.load(state_dict.get("initial") or {})
+        plain = state_dict.get("plain") or {}
+        self._records.plain.load(plain.get("record") or {})
+        self._plain_initial = plain.get("initial")
         t_star, total = state_dict.get("t_star"), state_dict.get("total_rounds")
         if t_star is not None and total is not None:
             verbose, self.verbose = self.verbose, 0

@@ -1,14 +1,19 @@
 """Kill a federation at a round, resume from its checkpoint, and finish bit for bit the same."""
 
+import csv
+import logging
 import warnings
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.algorithms import DADPFL
+from lightning_dfl.federation.algorithms import DADPFL, DisPFL
 from lightning_dfl.federation.checkpoint_io import CheckpointError, read_state
+from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -26,16 +31,36 @@ class Kill(FederatedCallback):
             raise KeyboardInterrupt
 
 
-def _trainer(tmp_path, callbacks=None, rounds=6, **kwargs):
-    algorithm = DADPFL(num_neighbors=2, max_wait=2, delta_pr=1000.0, target_sparsity=0.7)
-    return FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, logger=False, accelerator="cpu",
+class Started(FederatedCallback):
+    """Records which hooks of the run started: ``"fit"`` and the round indices."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_fit_start(self, trainer, pl_module):
+        self.events.append("fit")
+
+    def on_federated_round_start(self, trainer, pl_module):
+        self.events.append(trainer.current_round)
+
+
+def _trainer(tmp_path, callbacks=None, rounds=6, logger=False, algorithm=None, **kwargs):
+    if algorithm is None:
+        algorithm = DADPFL(num_neighbors=2, max_wait=2, delta_pr=1000.0, target_sparsity=0.7)
+    return FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, logger=logger, accelerator="cpu",
                             enable_progress_bar=False, default_root_dir=str(tmp_path), callbacks=callbacks,
                             **kwargs)
 
 
-def _parts():
-    dm = FederatedDataModule(dataset="digits", num_clients=5, batch_size=32, test_samples_per_client=30)
-    return SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05), dm
+NUM_CLIENTS = 5
+MODEL = {"arch": "cnn_digits", "density": 0.5, "lr": 0.05}
+DATA = {"dataset": "digits", "num_clients": NUM_CLIENTS, "batch_size": 32, "test_samples_per_client": 30,
+        "partition": "dirichlet", "alpha": 0.3}
+
+
+def _parts(model=None, data=None):
+    dm = FederatedDataModule(**{**DATA, **(data or {})})
+    return SparseClassifier(**{**MODEL, **(model or {})}), dm
 
 
 def _comparable(history):
@@ -74,3 +99,195 @@ def test_resume_refuses_another_configuration_and_missing_files(tmp_path):
         _trainer(tmp_path).fit(*_parts(), ckpt_path=str(tmp_path / "nope.ckpt"))
     with pytest.raises(ValueError, match="checkpoint_every"):
         _trainer(tmp_path, checkpoint_every=-1)
+
+
+# -- a shared 2-round checkpoint -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A 2-round DA-DPFL run checkpointed after every round: (checkpoint path, its history). It has a
+    ``Started`` callback, since a resumed run needs a saved state for each of its callbacks."""
+    trainer = _trainer(tmp_path_factory.mktemp("saved"), callbacks=[Started()], rounds=2, checkpoint_every=1)
+    trainer.fit(*_parts())
+    return trainer.checkpoint_path, list(trainer.history)
+
+
+CHANGES = {  # identity key: (settings of the resumed run, the checkpoint's value, the new value)
+    "model/lr": ({"model": {"lr": 0.1}}, 0.05, 0.1),
+    "model/density": ({"model": {"density": 0.6}}, 0.5, 0.6),
+    "data/partition": ({"data": {"partition": "iid"}}, "dirichlet", "iid"),
+    "data/alpha": ({"data": {"alpha": 0.5}}, 0.3, 0.5),
+}
+
+
+@pytest.mark.parametrize("keys", [[k] for k in CHANGES] + [list(CHANGES)], ids=[*CHANGES, "all"])
+def test_resume_refuses_changed_model_and_data_settings_before_training(saved, tmp_path, keys):
+    ckpt, _ = saved
+    settings = {"model": {}, "data": {}}
+    for key in keys:
+        for part, values in CHANGES[key][0].items():
+            settings[part].update(values)
+    started = Started()
+    trainer = _trainer(tmp_path, callbacks=[started], rounds=3)  # rounds may change: not named
+    with pytest.raises(ValueError, match="another configuration") as info:
+        trainer.fit(*_parts(**settings), ckpt_path=str(ckpt))
+    message = str(info.value)
+    for key in keys:
+        _, before, now = CHANGES[key]
+        assert f"{key}: checkpoint={before!r} now={now!r}" in message
+    for key in set(CHANGES) - set(keys):
+        assert key not in message
+    assert "rounds" not in message
+    assert f"allow={sorted(keys)}" in message
+    assert started.events == [] and trainer.history == []  # refused before any training
+    assert read_state(ckpt)["next_round"] == 2  # the checkpoint is left as it was
+
+
+def test_resume_allow_accepts_a_named_change_and_refuses_unknown_keys(saved, tmp_path, caplog):
+    ckpt, history = saved
+    started = Started()
+    trainer = _trainer(tmp_path, callbacks=[started], rounds=3, resume_allow=["model/lr"])
+    model, dm = _parts(model={"lr": 0.1})
+    with caplog.at_level(logging.INFO):
+        trainer.fit(model, dm, ckpt_path=str(ckpt))
+    assert "model/lr: checkpoint=0.05 now=0.1" in caplog.text  # the accepted change is logged
+    assert started.events == ["fit", 2]
+    assert len(trainer.history) == 3 and trainer.history[:2] == history
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(model.lr_at(2))  # the new lr trained
+
+    other = _trainer(tmp_path / "other", callbacks=[Started()], rounds=3, resume_allow=["lr", "model/lr"])
+    with pytest.raises(ValueError, match=r"cannot allow \['lr'\]: not identity keys") as info:
+        other.fit(*_parts(model={"lr": 0.1}), ckpt_path=str(ckpt))
+    for valid in ("model/lr", "model/density", "data/partition", "data/alpha", "rounds", "seed"):
+        assert repr(valid) in str(info.value)  # the valid keys are named
+    assert other.callbacks[-1].events == [] and other.history == []
+
+
+def test_extending_rounds_on_resume_runs_only_the_new_rounds(saved, tmp_path):
+    ckpt, history = saved
+    started = Started()
+    trainer = _trainer(tmp_path, callbacks=[started], rounds=3, checkpoint_every=1)
+    summary = trainer.fit(*_parts(), ckpt_path=str(ckpt))
+    assert started.events == ["fit", 2]  # exactly one more round
+    assert len(trainer.history) == 3 and trainer.history[:2] == history
+    assert summary.rounds == 3
+    assert read_state(trainer.checkpoint_path)["next_round"] == 3
+    assert trainer.checkpoint_path != ckpt  # this run wrote its own checkpoint
+
+
+def test_checkpoint_file_is_plain_data_read_weights_only(saved):
+    ckpt, history = saved
+    state = torch.load(ckpt, weights_only=True)
+    assert {"next_round", "identity", "store", "algorithm", "clock", "history", "callbacks"} <= set(state)
+    assert state["next_round"] == 2
+    assert "fields" in state["store"]
+    assert {"weights", "masks", "published_masks", "slot"} <= set(state["store"])
+    assert state["history"] == history
+    assert state["identity"]["model/lr"] == 0.05 and state["identity"]["data/partition"] == "dirichlet"
+    assert set(state["callbacks"]) == {"PruningTimeVoting", "PQIPruning", "RigL", "Started"}
+    assert "elapsed" in state["clock"]
+
+
+# -- logs of killed and resumed runs ---------------------------------------------------------
+
+
+def _csv_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_killed_run_keeps_its_metrics(tmp_path):
+    killed = _trainer(tmp_path, callbacks=[Kill(at_round=2)], rounds=3, logger=True)
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit(*_parts())
+    rows = _csv_rows(Path(killed.log_dir) / "metrics.csv")  # flushed every round, no finalize needed
+    assert sorted(int(r["step"]) for r in rows) == [0, 1]
+    for row, metrics in zip(sorted(rows, key=lambda r: int(r["step"])), killed.history):
+        assert float(row["acc/personal_mean"]) == metrics["acc/personal_mean"]
+        assert float(row["density/mean"]) == metrics["density/mean"]
+
+
+def test_a_resumed_run_logs_and_summarizes_every_round(tmp_path):
+    killed = _trainer(tmp_path, callbacks=[Kill(at_round=2)], rounds=4, logger=True, checkpoint_every=1)
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit(*_parts())
+    earlier_wall = sum(m["time/wall_round_s"] for m in killed.history)
+    assert len(killed.history) == 2
+
+    resumed = _trainer(tmp_path, rounds=4, logger=True, checkpoint_every=1)
+    summary = resumed.fit(*_parts(), ckpt_path=str(Path(killed.log_dir) / "checkpoints" / "last.ckpt"))
+    assert resumed.log_dir != killed.log_dir
+
+    rows = sorted(_csv_rows(Path(resumed.log_dir) / "metrics.csv"), key=lambda r: int(r["step"]))
+    assert [int(r["step"]) for r in rows] == [0, 1, 2, 3]
+    for row, metrics in zip(rows, resumed.history):
+        assert float(row["acc/personal_mean"]) == metrics["acc/personal_mean"]
+    for row, metrics in zip(rows[:2], killed.history):  # the replayed rounds are the killed run's
+        assert float(row["acc/personal_mean"]) == metrics["acc/personal_mean"]
+        assert float(row["time/wall_round_s"]) == metrics["time/wall_round_s"]
+
+    clients = _csv_rows(Path(resumed.log_dir) / "clients.csv")
+    assert Counter(int(r["round"]) for r in clients) == {r: NUM_CLIENTS for r in range(4)}
+    assert {(int(r["round"]), int(r["client"])) for r in clients} == {
+        (r, k) for r in range(4) for k in range(NUM_CLIENTS)}
+    first = _csv_rows(Path(killed.log_dir) / "clients.csv")
+    assert [r for r in clients if int(r["round"]) < 2] == first  # copied from the killed run
+
+    assert summary.rounds == 4
+    assert summary.wall_time_s >= earlier_wall
+    assert summary.wall_time_s >= sum(m["time/wall_round_s"] for m in resumed.history)
+    assert summary.log_dir == resumed.log_dir
+
+
+# -- the algorithm's and the clock's state ---------------------------------------------------
+
+
+class CountingDisPFL(DisPFL):
+    """DisPFL with its own state across rounds: a counter incremented in every ``plan_round``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._counter = torch.zeros((), dtype=torch.long)  # private: not part of repr (the identity)
+
+    def plan_round(self, ctx):
+        self._counter += 1
+        return super().plan_round(ctx)
+
+    def state_dict(self):
+        return {"counter": self._counter.clone()}
+
+    def load_state_dict(self, state):
+        self._counter = state["counter"].clone()
+
+
+def _clocked(tmp_path, **kwargs):
+    return _trainer(tmp_path, rounds=3, algorithm=CountingDisPFL(num_neighbors=2),
+                    clock=Clock(distribution="uniform", noise=0.2), **kwargs)
+
+
+def test_the_algorithms_and_the_clocks_state_are_restored(tmp_path):
+    straight = _clocked(tmp_path / "a")
+    straight.fit(*_parts())
+
+    killed = _clocked(tmp_path / "b", callbacks=[Kill(at_round=2)], checkpoint_every=1)
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit(*_parts())
+    assert int(killed.algorithm._counter) == 3  # round 2 was planned, but not checkpointed
+    assert int(read_state(killed.checkpoint_path)["algorithm"]["counter"]) == 2
+
+    resumed = _clocked(tmp_path / "b")
+    resumed.fit(*_parts(), ckpt_path=str(killed.checkpoint_path))
+    assert torch.equal(resumed.algorithm._counter, straight.algorithm._counter)
+    assert int(resumed.algorithm._counter) == 3
+    assert resumed.clock.elapsed == straight.clock.elapsed > 0
+
+    def times(history):
+        return [{k: v for k, v in m.items() if k.startswith("time/") and k != "time/wall_round_s"} for m in history]
+
+    assert len(resumed.history) == len(straight.history) == 3
+    assert times(resumed.history) == times(straight.history)
+    assert all(t["time/duration"] > 0 for t in times(straight.history))
+    assert len({t["time/duration"] for t in times(straight.history)}) == 3  # the per-round noise is drawn
+    for name in straight.store.names:
+        assert torch.equal(straight.store.weights[name], resumed.store.weights[name])

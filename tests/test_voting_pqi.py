@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import logging
 import math
+import warnings
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from conftest import plain_trainer
@@ -14,21 +16,63 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.callbacks.pqi import PQIPruning
-from lightning_dfl.callbacks.voting import PruningTimeVoting
-from lightning_dfl.sparse.masks import ModelMask
+from lightning_dfl.callbacks.voting import PruningTimeVoting, pack_bits, unpack_bits
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.algorithms import DADPFL
+from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+from lightning_dfl.sparse.masks import ModelMask, sparsity
 
 
 def _bool(rows):
     return torch.tensor(rows, dtype=torch.bool)
 
 
-def _fed_trainer(callbacks, max_rounds=20, num_clients=4):
-    """The duck-typed federated trainer: per-round logged rows collect in ``trainer.logged``."""
+def _fed_trainer(callbacks, net=None, max_rounds=20, num_clients=4):
+    """The duck-typed federated trainer: a client store holds the fields the callbacks declare for
+    ``net`` (``trainer.client_state(k)``); per-round logged rows collect in ``trainer.logged``."""
     trainer = SimpleNamespace(is_federated=True, current_round=0, max_rounds=max_rounds, num_clients=num_clients,
                               callbacks=callbacks, logged={})
     trainer.log_metrics = lambda metrics: trainer.logged.setdefault(trainer.current_round, {}).update(metrics)
+    fields = [StateField(**spec) for c in callbacks if hasattr(c, "client_state_fields")
+              for spec in c.client_state_fields(trainer, net)]
+    trainer.store = ClientStore({}, [], num_clients, fields=fields)
+    trainer.client_state = lambda k: ClientFields(trainer.store, k)
     return trainer
+
+
+def _field(trainer, name):
+    """Every client's value of a scalar store field, as Python numbers."""
+    return {k: trainer.client_state(k)[name].item() for k in range(trainer.num_clients)}
+
+
+def _is_plain(value):
+    """A tensor, or plain containers of plain numbers (what ``torch.load(weights_only=True)`` reads back)."""
+    if isinstance(value, torch.Tensor) or value is None or type(value) in (bool, int, float, str):
+        return True
+    if type(value) is dict:
+        return all(type(k) in (int, str) and _is_plain(v) for k, v in value.items())
+    return type(value) is list and all(_is_plain(v) for v in value)
+
+
+def _weights_only_round_trip(state):
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def test_pack_bits_is_numpys_packbits_and_unpacks_exactly():
+    generator = torch.Generator().manual_seed(0)
+    for count in (0, 1, 7, 8, 9, 61):
+        bits = torch.rand(count, generator=generator) < 0.5
+        packed = pack_bits(bits)
+        assert packed.dtype == torch.uint8 and packed.shape == (math.ceil(count / 8),)
+        assert np.array_equal(packed.numpy(), np.packbits(bits.numpy()))
+        assert torch.equal(unpack_bits(packed, count), bits)
 
 
 # -- voting in a federation -------------------------------------------------------------------
@@ -43,11 +87,10 @@ class TinyMasked(nn.Module):
 
 W0 = torch.tensor([[0.5, 1.0, 1.5, 2.0], [-0.5, -1.0, -1.5, -2.0]])  # the shared dense init
 B0 = torch.tensor([0.25, -0.25])
-# Clients 0, 1, 3 start from (W0, B0) under their own masks; client 2 from another init.
+# Every client starts from (W0, B0) under its own mask (clients 0 and 2 share theirs).
 MASKS = {0: _bool([[1, 1, 0, 0], [1, 0, 0, 0]]), 1: _bool([[0, 0, 1, 1], [0, 1, 1, 0]]),
          2: _bool([[1, 1, 0, 0], [1, 0, 0, 0]]), 3: _bool([[1, 0, 1, 0], [0, 0, 0, 1]])}
-INIT = {k: (W0 * MASKS[k], B0.clone()) for k in (0, 1, 3)}
-INIT[2] = (2 * W0 * MASKS[2], torch.tensor([1.0, 1.0]))
+INIT = {k: (W0 * MASKS[k], B0.clone()) for k in range(4)}
 ACTIVE = {0: (0, 1), 1: (0, 2), 2: (0, 0), 3: (1, 3)}  # one active weight entry per client
 # Per client and round: perturbations (bias[0], bias[1], active weight) of w^t - w^0, dyadic so
 # that every Delta = d1^2 + d2^2 + d3^2 is exact in floating point.
@@ -89,23 +132,24 @@ def _run_round(voter, trainer, net, published, round_idx):
 
 def test_voting_scores_votes_t_star_and_pruning_rounds():
     voter = PruningTimeVoting(delta_pr=0.03, delta_v=0.5, b=0.0, c=1.3)
-    trainer = _fed_trainer([voter], max_rounds=20)
     net = TinyMasked()
+    trainer = _fed_trainer([voter], net, max_rounds=20)
     published = {k: (w.clone(), b.clone()) for k, (w, b) in INIT.items()}
 
     _run_round(voter, trainer, net, published, 0)
     assert trainer.logged[0] == {"voting/share": 0.0}  # first round: no score, every vote 0
-    assert voter.delta_first == {0: 4.0, 1: 1.0, 2: 16.0, 3: 4.0} and voter.scores == {}
+    assert _field(trainer, "voting/delta_first") == {0: 4.0, 1: 1.0, 2: 16.0, 3: 4.0}
+    assert _field(trainer, "voting/vote") == {k: 0 for k in range(4)} and voter.latest_scores(trainer) == {}
     assert voter.t_star is None and not any(voter.is_pruning_round(r) for r in range(20))
 
     _run_round(voter, trainer, net, published, 1)
-    assert [voter.scores[k] for k in range(4)] == pytest.approx(SCORES[1], abs=1e-12)
+    assert [voter.latest_scores(trainer)[k] for k in range(4)] == pytest.approx(SCORES[1], abs=1e-12)
     assert trainer.logged[1] == pytest.approx({"voting/share": 0.0, "voting/score_mean": 1.5625 / 4})
     assert voter.t_star is None
 
     _run_round(voter, trainer, net, published, 2)
-    assert [voter.scores[k] for k in range(4)] == pytest.approx(SCORES[2], abs=1e-12)
-    assert voter.votes == {0: 1, 1: 1, 2: 0, 3: 0}
+    assert [voter.latest_scores(trainer)[k] for k in range(4)] == pytest.approx(SCORES[2], abs=1e-12)
+    assert _field(trainer, "voting/vote") == {0: 1, 1: 1, 2: 0, 3: 0}
     # share 0.5 == delta_v decides (the errata's ">="); round index 2 is paper round t* = 3.
     assert trainer.logged[2] == pytest.approx({"voting/share": 0.5, "voting/score_mean": 0.328125 / 4,
                                                "voting/t_star": 3.0})
@@ -120,39 +164,79 @@ def test_voting_scores_votes_t_star_and_pruning_rounds():
     assert not voter.is_pruning_round(2)  # never the round that decided t*
 
     _run_round(voter, trainer, net, published, 3)
-    assert [voter.scores[k] for k in range(4)] == pytest.approx(SCORES[3], abs=1e-12)
+    assert [voter.latest_scores(trainer)[k] for k in range(4)] == pytest.approx(SCORES[3], abs=1e-12)
     assert trainer.logged[3]["voting/share"] == 0.75 and trainer.logged[3]["voting/t_star"] == 3.0  # decided once
     assert voter.vote_shares == {0: 0.0, 1: 0.0, 2: 0.5, 3: 0.75}
-    # clients 0, 1, 3 share one reference; only client 2 (another init) costs a full copy
-    assert voter.num_full_copies == 1
+    # one shared reference; per client the mask of w^0 as packed bits (8 masked entries: one byte)
+    for k in range(4):
+        bits = trainer.client_state(k)["voting/initial_mask"]
+        assert np.array_equal(bits.numpy(), np.packbits(MASKS[k].numpy().reshape(-1)))
+        initial = voter.initial_model(trainer, k)
+        assert torch.equal(initial["fc.weight"], INIT[k][0]) and torch.equal(initial["fc.bias"], INIT[k][1])
 
 
-def test_voting_state_dict_restores_initial_models_and_schedule():
+def test_voting_state_dict_and_store_restore_initial_models_and_schedule():
     voter = PruningTimeVoting()
-    trainer = _fed_trainer([voter])
     net = TinyMasked()
+    trainer = _fed_trainer([voter], net)
     published = {k: (w.clone(), b.clone()) for k, (w, b) in INIT.items()}
     for r in range(3):
         _run_round(voter, trainer, net, published, r)
-    buffer = io.BytesIO()
-    torch.save(voter.state_dict(), buffer)
-    buffer.seek(0)
-    restored = PruningTimeVoting()
-    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    assert _is_plain(voter.state_dict())
+    saved = _weights_only_round_trip({"voting": voter.state_dict(), "store": trainer.store.state_dict()})
+    restored, other = PruningTimeVoting(), TinyMasked()
+    again = _fed_trainer([restored], other)
+    again.store.load_state_dict(saved["store"])
+    restored.load_state_dict(saved["voting"])
     assert restored.t_star == 3 and restored.pruning_round_indices == voter.pruning_round_indices
-    assert restored.delta_last == voter.delta_last and restored.vote_shares == voter.vote_shares
+    assert restored.vote_shares == voter.vote_shares
 
-    # round 3 continues identically on a fresh worker: w^0 came back from the state
-    other = TinyMasked()
+    # round 3 continues identically on a fresh worker: w^0 came back from the state and the store
     _run_round(voter, trainer, net, dict(published), 3)
-    _run_round(restored, _fed_trainer([restored]), other, dict(published), 3)
-    assert restored.scores == voter.scores and restored.vote_shares == voter.vote_shares
+    _run_round(restored, again, other, dict(published), 3)
+    for name in ("voting/delta_first", "voting/delta_last", "voting/score", "voting/vote"):
+        assert _field(again, name) == _field(trainer, name)
+    assert restored.vote_shares == voter.vote_shares and restored.score_means == voter.score_means
+
+
+def test_voting_refuses_a_client_that_does_not_start_from_the_shared_model():
+    voter = PruningTimeVoting()
+    net = TinyMasked()
+    trainer = _fed_trainer([voter], net)
+    net.mask.load_({"fc.weight": MASKS[0]}, apply=False)
+    _set(net, *INIT[0])
+    voter.on_client_before_aggregation(trainer, net, 0)
+    net.mask.load_({"fc.weight": MASKS[2]}, apply=False)
+    _set(net, 2 * W0 * MASKS[2], B0)  # another initialization
+    with pytest.raises(RuntimeError, match=r"client 2's initial model is not the shared initial model under its "
+                                           r"mask: 'fc.weight' differs from the reference on active entries"):
+        voter.on_client_before_aggregation(trainer, net, 2)
+    _set(net, W0, B0)  # dense under a sparse mask
+    with pytest.raises(RuntimeError, match="'fc.weight' is nonzero \\(or NaN\\) outside its mask"):
+        voter.on_client_before_aggregation(trainer, net, 2)
+    assert not trainer.client_state(2)["voting/has_initial"]
+
+
+def test_voting_keeps_a_plain_voters_full_initial_model_when_it_needs_one():
+    voter = PruningTimeVoting()
+    net = TinyMasked()
+    net.mask.load_({"fc.weight": MASKS[0]}, apply=False)
+    _set(net, W0, B0)  # nonzero outside its mask: no masked reference, a full copy
+    trainer = SimpleNamespace(is_federated=False, max_epochs=3)
+    voter.on_fit_start(trainer, net)
+    state = _weights_only_round_trip(voter.state_dict())
+    assert _is_plain(state) and torch.equal(state["plain"]["initial"]["fc.weight"], W0)
+    restored = PruningTimeVoting()
+    restored.load_state_dict(state)
+    restored.on_fit_start(trainer, TinyMasked())  # restored: keeps the loaded w^0
+    assert torch.equal(restored.initial_model(trainer, 0)["fc.weight"], W0)
 
 
 def test_voting_needs_the_initial_model_first():
     voter = PruningTimeVoting()
+    net = TinyMasked()
     with pytest.raises(RuntimeError, match="no initial model of client 5"):
-        voter.on_client_train_end(_fed_trainer([voter]), TinyMasked(), 5)
+        voter.on_client_train_end(_fed_trainer([voter], net, num_clients=6), net, 5)
     with pytest.raises(MisconfigurationException, match="max_rounds"):
         voter.setup(SimpleNamespace(is_federated=True, max_rounds=None), TinyMasked(), "fit")
 
@@ -198,8 +282,8 @@ def _pqi_round(pqi, trainer, nets, round_idx):
 def test_pqi_prunes_the_hand_computed_smallest_weights_in_pruning_rounds_only():
     voter = SimpleNamespace(is_pruning_round=lambda r: r in (3, 5))  # duck-typed voting callback
     pqi = PQIPruning(target_sparsity=0.8)
-    trainer = _fed_trainer([voter, pqi], num_clients=2)
     nets = [TwoLayers(FC1, FC2), TwoLayers(FC1_SPARSE, FC2_SPARSE)]
+    trainer = _fed_trainer([voter, pqi], nets[0], num_clients=2)
     pqi.setup(trainer, nets[0], "fit")
     before = {n: p.detach().clone() for n, p in nets[0].named_parameters()}
 
@@ -224,7 +308,12 @@ def test_pqi_prunes_the_hand_computed_smallest_weights_in_pruning_rounds_only():
         (3, 0, 3, {"fc1.weight": 2, "fc2.weight": 1})]
     assert trainer.logged[3] == pytest.approx({"pqi/pruned_clients": 1.0, "pqi/pruned_weights": 3.0,
                                                "sparsity/mean": (0.55 + 0.8) / 2, "sparsity/std": 0.125})
-    assert pqi.client_sparsity == pytest.approx({0: 0.55, 1: 0.8})
+    assert _field(trainer, "pqi/sparsity") == pytest.approx({0: 0.55, 1: 0.8})
+    state = pqi.state_dict()
+    assert _is_plain(state) and state["plain"] == {}  # no per-client state in the callback
+    assert _weights_only_round_trip(state)["history"] == [
+        {"round_idx": 3, "client": 0, "pruned": 3, "sparsity_before": 0.4, "sparsity_after": 0.55,
+         "counts": {"fc1.weight": 2, "fc2.weight": 1}}]
 
 
 def test_pqi_lands_exactly_on_target_and_stops_there():
@@ -276,10 +365,12 @@ def test_verbose_lines(caplog):
     pqi.setup(trainer, net, "fit")
     voter = PruningTimeVoting(verbose=1)
     published = {k: (w.clone(), b.clone()) for k, (w, b) in INIT.items()}
+    tiny = TinyMasked()
+    voter_trainer = _fed_trainer([voter], tiny, max_rounds=12)
     with caplog.at_level(logging.INFO):
         _pqi_round(pqi, trainer, [net], 0)
         for r in range(4):
-            _run_round(voter, _fed_trainer([voter], max_rounds=12), TinyMasked(), published, r)
+            _run_round(voter, voter_trainer, tiny, published, r)
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "PQI round 0 client 0: pruned 3 weights, sparsity 0.4000 -> 0.5500 (target 0.8)"
     assert lines[1].startswith("PQI   fc1.weight: pruned 2") and lines[2].startswith("PQI   fc2.weight: pruned 1")
@@ -293,16 +384,79 @@ def test_pqi_setup_finds_the_voter_or_says_why_not():
         pqi.setup(_fed_trainer([pqi]), net, "fit")
     voter = PruningTimeVoting()
     with pytest.raises(MisconfigurationException, match="PruningTimeVoting must come before PQIPruning"):
-        pqi.setup(_fed_trainer([pqi, voter]), net, "fit")
+        pqi.setup(_fed_trainer([pqi, voter], net), net, "fit")
     with pytest.raises(MisconfigurationException, match="found 2 callbacks"):
-        pqi.setup(_fed_trainer([voter, PruningTimeVoting(), pqi]), net, "fit")
-    pqi.setup(_fed_trainer([voter, pqi]), net, "fit")
+        pqi.setup(SimpleNamespace(is_federated=True, callbacks=[voter, PruningTimeVoting(), pqi]), net, "fit")
+    pqi.setup(_fed_trainer([voter, pqi], net), net, "fit")
     assert not pqi.should_prune(0)  # t* not decided yet
     with pytest.raises(MisconfigurationException, match="needs the module's own ModelMask"):
         PQIPruning(schedule=[1]).setup(_fed_trainer([]), nn.Linear(3, 3), "fit")
     bad = PQIPruning(schedule=lambda r: "yes")
     with pytest.raises(ValueError, match="returned 'yes' at round 4"):
         bad.should_prune(4)
+
+
+# -- both callbacks in a federation: their per-client records live in the client store ---------
+class Witness(FederatedCallback):
+    """Records, per client, its model at its first task (w^0) and, per task, the Delta of the model it
+    publishes (an independent Eq. 4; runs after voting and PQI, so only tasks PQI pruned nothing in compare)."""
+
+    def __init__(self):
+        self.initial, self.deltas = {}, {}
+
+    def on_client_before_aggregation(self, trainer, pl_module, client_id):
+        if client_id not in self.initial:
+            self.initial[client_id] = {n: p.detach().clone() for n, p in pl_module.named_parameters()}
+
+    def on_client_train_end(self, trainer, pl_module, client_id):
+        pqi = next(c for c in trainer.callbacks if isinstance(c, PQIPruning))
+        pruned = any((e.round_idx, e.client) == (trainer.current_round, client_id) for e in pqi.history)
+        total = None
+        for name, p in pl_module.named_parameters():
+            part = (p.detach().double() - self.initial[client_id][name].double()).square().sum()
+            total = part if total is None else total + part
+        self.deltas.setdefault(client_id, []).append(None if pruned else float(total))
+
+
+def test_federation_keeps_the_records_in_the_store_and_none_in_the_callbacks():
+    warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+    dm = FederatedDataModule(dataset="digits", num_clients=6, batch_size=32, test_samples_per_client=40)
+    model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05)
+    algo = DADPFL(num_neighbors=2, max_wait=2, delta_pr=1000.0, target_sparsity=0.7)  # votes stable at once
+    witness = Witness()
+    trainer = FederatedTrainer(algorithm=algo, rounds=5, local_epochs=1, logger=False, accelerator="cpu",
+                               enable_progress_bar=False, callbacks=[witness])
+    trainer.fit(model, dm)
+    voter, pqi = trainer.callbacks[:2]
+    assert isinstance(voter, PruningTimeVoting) and isinstance(pqi, PQIPruning) and pqi.history
+    assert voter.t_star == 2 and voter.pruning_round_indices == (2,)  # round index 4 prunes nothing
+
+    masked = sum(m.numel() for m in model.mask.masks.values())
+    assert trainer.store.fields["voting/initial_mask"][""].shape == (6, math.ceil(masked / 8))
+    for k in range(6):
+        record, deltas = trainer.client_state(k), witness.deltas[k]
+        assert len(deltas) == 5 and deltas[0] is not None and deltas[-1] is not None
+        assert record["voting/delta_first"].item() == deltas[0]  # float64 Delta, bit for bit
+        assert record["voting/delta_last"].item() == deltas[-1]
+        if deltas[-2] is not None:
+            assert record["voting/score"].item() == abs(deltas[-1] - deltas[-2]) / deltas[0]
+        assert record["voting/vote"].item() == 1
+        assert record["voting/has_initial"].item()
+        assert record["pqi/sparsity"].item() == sparsity(trainer.store.published(k)[1])
+        initial = voter.initial_model(trainer, k)  # the shared reference under the client's packed mask
+        assert initial.keys() == witness.initial[k].keys()
+        assert all(torch.equal(initial[n], witness.initial[k][n]) for n in initial)
+
+    # no per-client state in the callbacks: their state_dicts are global and plain
+    for name in ("delta_first", "delta_last", "scores", "votes", "client_sparsity"):
+        assert not hasattr(voter, name) and not hasattr(pqi, name)
+    assert voter._round_votes == [] and voter._round_scores == [] and pqi._round_sparsity == []
+    for callback in (voter, pqi):
+        state = callback.state_dict()
+        assert _is_plain(state)
+        _weights_only_round_trip(state)
+    assert voter.state_dict()["plain"] == {"record": {}, "initial": None} and pqi.state_dict()["plain"] == {}
+    assert set(voter.state_dict()["vote_shares"]) == set(range(5))
 
 
 # -- both callbacks in a plain Trainer on a foreign module --------------------------------------
@@ -353,6 +507,14 @@ def test_plain_trainer_votes_then_prunes_sparser_never_past_target(digits_loader
     assert trainer.callback_metrics["sparsity/mean"] == pytest.approx(zeros / total)
     x, y = digits_loader.dataset.tensors
     assert (model(x).argmax(1) == y).float().mean() > 0.8
+    # the one voter's record is the callbacks' own, in their (weights-only) state
+    voting_state = _weights_only_round_trip(voting.state_dict())
+    pqi_state = _weights_only_round_trip(pqi.state_dict())
+    assert _is_plain(voting_state) and _is_plain(pqi_state)
+    record = voting_state["plain"]["record"]
+    assert record["voting/vote"].item() == 1 and math.isfinite(record["voting/delta_first"].item())
+    assert voting.latest_scores(trainer) == {0: record["voting/score"].item()}
+    assert pqi_state["plain"]["pqi/sparsity"].item() == 1.0 - (total - zeros) / total  # ModelMask.sparsity
 
     # a restored callback rebuilds its own mask from the checkpoint state, not from the weights
     restored = PQIPruning(0.3, schedule=[])

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from lightning_dfl.stats import mean_std  # re-exported: the engine imports it from here
 
 
-
 @dataclass
 class ClientRecord:
     """What one client's task produced."""

@@ -78,9 +78,11 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, allow: Iterable[str] 
     trainer.clock.load_state_dict(state["clock"])
     trainer.history = list(state["history"])
     saved = state["callbacks"]
-    missing = [c.state_key for c in trainer.callbacks if c.state_key not in saved]
+    # a callback added on resume may start fresh only if it keeps no state (as Lightning allows)
+    missing = [c.state_key for c in trainer.callbacks if c.state_key not in saved and c.state_dict()]
     if missing:
         raise ValueError(f"the checkpoint has no state for callbacks {missing}; it has {sorted(saved)}")
     for callback in trainer.callbacks:
-        callback.load_state_dict(saved[callback.state_key])
+        if callback.state_key in saved:
+            callback.load_state_dict(saved[callback.state_key])
     return int(state["next_round"])

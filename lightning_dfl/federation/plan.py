@@ -9,7 +9,6 @@ results depend only on the plan and the seed, never on how independent tasks are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 

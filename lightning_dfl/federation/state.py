@@ -27,7 +27,6 @@ from torch import Tensor
 
 from lightning_dfl.sparse.masks import Masks
 
-
 # -- declared per-client fields ---------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
 
+
 class FederatedTrainer:
     """Trains a federation of clients that share one architecture.
 
@@ -62,7 +63,7 @@ class FederatedTrainer:
         cpu_threads: if set, ``torch.set_num_threads(cpu_threads)`` before training. Small models
             train several times faster on one thread than on many (intra-op overhead).
         resume_allow: settings that may differ from the checkpoint's when resuming with
-            ``fit(..., ckpt_path=...)`` (e.g. ``["lr"]``); ``rounds``, ``eval_every`` and
+            ``fit(..., ckpt_path=...)`` (e.g. ``["model/lr"]``); ``rounds``, ``eval_every`` and
             ``checkpoint_every`` may always change.
     """
 

@@ -145,7 +145,8 @@ class Algorithm:
 
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The algorithm's own state across rounds (tensors and plain containers only)."""
+        """The algorithm's own state across rounds (tensors and plain containers only). Keep such state
+        in private (``_``) attributes: public ones are settings, part of the checkpoint's identity."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ from lightning_dfl.callbacks.rigl import RigL
 from lightning_dfl.callbacks.voting import PruningTimeVoting
 from lightning_dfl.federation.algorithms.base import GossipAlgorithm, RoundContext
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.sparse.rigl import REGROWTH_MODES
 from lightning_dfl.scheduling import reuse_dependencies
+from lightning_dfl.sparse.rigl import REGROWTH_MODES
 
 
 class DADPFL(GossipAlgorithm):
