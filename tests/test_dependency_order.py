@@ -54,7 +54,7 @@ class ShuffledExecutor(SerialExecutor):
         self.tries = tries
         self.walks = []  # per round: (plan.order(), levels walk, the order run, whether some task waits)
 
-    def run(self, plan, evaluate):
+    def run(self, plan, evaluate, accounting=None, exchange=0):
         reference = _nodes(plan.order())
         by_levels = _nodes(task for level in plan.levels() for task in level)
         for _ in range(self.tries):
@@ -66,9 +66,9 @@ class ShuffledExecutor(SerialExecutor):
             assert task.waits_for() <= done, (plan.round_idx, task.node, task.waits_for(), done)
             done.add(task.node)
         self.walks.append((reference, by_levels, _nodes(order), any(t.waits_for() for t in plan.tasks)))
-        accounting = RoundAccounting(plan.round_idx)
+        accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
         for task in order:
-            self.run_task(task, accounting, evaluate)
+            self.run_task(task, accounting, evaluate, exchange)
         self.trainer.current_client = None
         return accounting
 

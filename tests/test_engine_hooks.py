@@ -15,6 +15,7 @@ from lightning_dfl.federation.algorithms import DPSGD, FedAvg, GossipAlgorithm, 
 from lightning_dfl.federation.algorithms.base import average_messages
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.messages import TopKCodec
+from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
@@ -245,3 +246,37 @@ def test_participants_take_part_and_the_others_keep_their_state():
     assert trainer.history[0]["samples/train"] == sum(trainer.datamodule.client_train_size(k) for k in (0, 2))
     with pytest.raises(ValueError, match="participants returned \\[0, 9\\]"):
         _run(Some([0, 9]), rounds=1)
+
+
+# -- several exchanges per round (gossip steps) ------------------------------------------------------
+class TrainThenMix(Local):
+    """Exchange 0: local training; exchanges 1-2: every client averages all clients' models (a
+    gossip step: an aggregation-only task reading the previous exchange's models)."""
+
+    exchanges_per_round = 3
+
+    def plan_round(self, ctx):
+        if ctx.exchange == 0:
+            return super().plan_round(ctx)
+        return RoundPlan(ctx.round_idx, [Task(node=k, sources=tuple(Source(j) for j in range(ctx.num_clients)),
+                                               train=False) for k in range(ctx.num_clients)])
+
+
+def test_gossip_steps_are_exchanges_within_one_round():
+    seen = CountSteps()
+    mixed = _run(TrainThenMix(), rounds=1, callbacks=[seen])
+    local = _run(Local(), rounds=1)
+    store = mixed.store
+    expected = masked_average(*local.store.gather([(k, False) for k in range(5)]))  # the trained models' mean
+    for k in range(5):
+        for n, t in store.published(k)[0].items():
+            assert torch.allclose(t, expected[n], atol=1e-6)  # a second mean of equal models changes nothing
+    assert len({(r, c) for r, c in seen.steps}) == 5  # each client trained once
+    m, one_model = mixed.history[0], store.active_values(0) * 4
+    assert m["comm/busiest_bytes"] == 2 * 4 * one_model  # two exchanges, 4 models in per client
+    assert m["time/duration"] == 1.0  # the mixing steps take no compute time
+    assert m["samples/train"] == local.history[0]["samples/train"]
+    with pytest.raises(ValueError, match="exchanges_per_round"):
+        bad = TrainThenMix()
+        bad.exchanges_per_round = 0
+        bad.validate(5)

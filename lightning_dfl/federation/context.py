@@ -28,6 +28,8 @@ class RoundContext:
     durations: tuple[float, ...] | None = None
     #: the clients taking part this round (``None``: all), from :meth:`Algorithm.participants`
     participants: tuple[int, ...] | None = None
+    #: which of the round's ``Algorithm.exchanges_per_round`` exchanges is planned (0 first)
+    exchange: int = 0
 
     @property
     def active_clients(self) -> list[int]:
@@ -66,6 +68,7 @@ class TaskContext:
     task: Task
     round_idx: int
     num_rounds: int
+    exchange: int
     num_clients: int
     seed: int
     module: Any
@@ -97,6 +100,12 @@ class TaskContext:
         for n, t in self.worker.items():
             t.copy_(weights[n])
 
+    def seed_of(self, stream: str) -> int:
+        """The seed of ``stream`` for this task: from ``(seed, stream, round, node)`` (and the exchange
+        after the round's first), so it does not depend on which tasks ran before."""
+        keys = (self.round_idx, self.node) + ((self.exchange,) if self.exchange else ())
+        return derive_seed(self.seed, stream, *keys)
+
     def generator(self, stream: str) -> torch.Generator:
-        """A CPU generator for ``stream`` seeded from ``(seed, stream, round, node)``: order-free."""
-        return torch.Generator().manual_seed(derive_seed(self.seed, stream, self.round_idx, self.node))
+        """A CPU generator for ``stream`` seeded by :meth:`seed_of`."""
+        return torch.Generator().manual_seed(self.seed_of(stream))

@@ -16,7 +16,6 @@ from torch import Tensor
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import CountingBatches, TaskContext
 from lightning_dfl.federation.plan import RoundPlan, Task
-from lightning_dfl.seeding import derive_seed
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.trainer import FederatedTrainer
@@ -32,18 +31,20 @@ class SerialExecutor:
     def __init__(self, trainer: FederatedTrainer) -> None:
         self.trainer = trainer
 
-    def run(self, plan: RoundPlan, evaluate: bool) -> RoundAccounting:
-        """Run ``plan``; return the round's accounting (records, bytes per edge)."""
-        accounting = RoundAccounting(plan.round_idx)
+    def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
+            exchange: int = 0) -> RoundAccounting:
+        """Run ``plan`` (exchange ``exchange`` of its round); add to ``accounting`` (records, bytes)."""
+        accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
         for level in plan.levels():
             for task in level:
-                self.run_task(task, accounting, evaluate)
+                self.run_task(task, accounting, evaluate, exchange)
         self.trainer.current_client = None
         return accounting
 
-    def _context(self, task: Task) -> TaskContext:
+    def _context(self, task: Task, exchange: int) -> TaskContext:
         t = self.trainer
-        return TaskContext(task=task, round_idx=t.current_round, num_rounds=t.rounds, num_clients=t.num_clients,
+        return TaskContext(task=task, round_idx=t.current_round, num_rounds=t.rounds, exchange=exchange,
+                           num_clients=t.num_clients,
                            seed=t.seed, module=t.module, optimizer=t.optimizer, store=t.store, fabric=t.fabric,
                            local_epochs=t.local_epochs, local_steps=t.local_steps, call=t._call,
                            test_batches=lambda: t.test_batches(task.node), worker=t.worker)
@@ -54,17 +55,17 @@ class SerialExecutor:
         for name, tensor in self.trainer.worker.items():
             tensor.copy_(weights[name])
 
-    def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool) -> None:
+    def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0) -> None:
         t, algorithm = self.trainer, self.trainer.algorithm
         store, module, node = t.store, t.module, task.node
-        ctx = self._context(task)
+        ctx = self._context(task, exchange)
         messages = []
         for source in task.sources:
             message = algorithm.message(ctx, source)
             if source.node != node:  # a node's own model does not cross the network
                 accounting.transfer(source.node, node, message.value_bytes, message.index_bytes)
             messages.append(message)
-        if not task.train:  # a server: aggregate and publish
+        if not task.train:  # a server, or a gossip step: aggregate and publish
             store.publish(node, algorithm.server_step(ctx, messages), store.mask(node))
             return
         t.current_client = node
@@ -80,7 +81,7 @@ class SerialExecutor:
         if evaluate:
             record.acc_aggregated = algorithm.evaluate(ctx, "aggregated")
         generator = ctx.generator("data")
-        torch.manual_seed(derive_seed(ctx.seed, "torch", ctx.round_idx, node))
+        torch.manual_seed(ctx.seed_of("torch"))
         batches = CountingBatches(t.datamodule.client_train_batches(node, generator, device=t.fabric.device),
                                   t.convert_input)
         ctx.train_batches = t.train_dataloader = batches

@@ -9,6 +9,7 @@ executor runs them level by level (:mod:`~lightning_dfl.federation.executor`), t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
 from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
@@ -335,20 +337,32 @@ class FederatedTrainer:
                             ctx.durations, chosen)
 
     def run_round(self, round_idx: int) -> dict[str, float]:
-        """Plan and run one round; log and return its metrics."""
+        """Plan and run one round (its ``exchanges_per_round`` exchanges); log and return its metrics."""
         wall = time.perf_counter()
         self.current_round = round_idx
         self._extra_metrics = {}
         ctx = self.round_context(round_idx)
-        plan = self.algorithm.plan_round(ctx)
-        self._call("on_federated_round_start")
         evaluate = (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
-        accounting = self.executor.run(plan, evaluate)
-        self.store.end_round()
+        accounting = RoundAccounting(round_idx)
+        durations = self.clock.compute_times(round_idx)
+        timings = []
+        for exchange in range(self.algorithm.exchanges_per_round):
+            if exchange:
+                rng = np.random.default_rng(derive_seed(self.seed, "plan", round_idx, exchange))
+                ctx = dataclasses.replace(ctx, exchange=exchange, rng=rng)
+            plan = self.algorithm.plan_round(ctx)
+            if exchange == 0:
+                self._call("on_federated_round_start")
+            accounting.edge_bytes.clear()  # the clock times each exchange's own messages
+            self.executor.run(plan, evaluate, accounting, exchange)
+            self.store.end_round()
+            timings.append((self.clock.round_metrics(plan, durations, accounting.edge_bytes),
+                            any(t.train for t in plan.tasks)))
         metrics = accounting.metrics()
-        timing = self.clock.round_metrics(plan, self.clock.compute_times(round_idx), accounting.edge_bytes)
+        timing = dict(next((m for m, trains in timings if trains), timings[0][0]))
+        timing["duration"] = sum(m["duration"] for m, _ in timings)  # exchanges run one after another
         metrics.update({f"time/{k}": v for k, v in timing.items()})
-        self.clock.advance(timing["duration"])
+        metrics["time/elapsed"] = self.clock.advance(timing["duration"])
         if evaluate:
             metrics.update(self._consensus_metrics())
         self._call("on_federated_round_end")

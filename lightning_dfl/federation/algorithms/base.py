@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
+from lightning_dfl.checks import check_int
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.context import RoundContext, TaskContext
 from lightning_dfl.federation.evaluation import accuracy
@@ -34,7 +35,8 @@ class Algorithm:
 
     Hooks, in the order a round calls them:
 
-    - :meth:`participants` -> :meth:`plan_round` (once per round);
+    - :meth:`participants` -> :meth:`plan_round` (once per round, or once per exchange when
+      :attr:`exchanges_per_round` > 1);
     - per task (a node's work, in the plan's dependency order): :meth:`message` for every source
       it reads, then for a server task :meth:`server_step`, else :meth:`aggregate` ->
       :meth:`evaluate` (``"aggregated"``) -> :meth:`configure_optimizer` -> :meth:`local_train`
@@ -59,12 +61,16 @@ class Algorithm:
     sends_masks = False
     #: per-parameter optimizer state kept per client across rounds (empty: fresh each round)
     keep_optimizer_state: tuple[str, ...] = ()
+    #: exchanges (plans) per round: :meth:`plan_round` is called once per exchange with
+    #: ``ctx.exchange``; each exchange's published models are what the next one reads (gossip steps)
+    exchanges_per_round = 1
 
     # -- set-up -------------------------------------------------------------------------
     def validate(self, num_clients: int) -> None:
         """Raise ``ValueError`` if this algorithm cannot run with ``num_clients`` clients."""
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        check_int("exchanges_per_round", self.exchanges_per_round, 1)
 
     def callbacks(self) -> list[Callback]:
         """Callbacks the algorithm needs; a user callback of the same class replaces its default."""
@@ -103,7 +109,8 @@ class Algorithm:
         return average_messages(messages, ctx.store.mask(ctx.node), ctx.task.coefficients)
 
     def server_step(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor]:
-        """A server task's new model (FedAvg: the coefficient-weighted average of the clients')."""
+        """The new model of an aggregation-only task (``train=False``): a server's (FedAvg: the
+        coefficient-weighted average of the clients'), or a client's gossip step."""
         return average_messages(messages, ctx.store.mask(ctx.node), ctx.task.coefficients)
 
     def configure_optimizer(self, ctx: TaskContext) -> None:
