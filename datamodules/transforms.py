@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from lightning_dfl.checks import check_int
+
 __all__ = ["BatchAugment", "Normalize", "channel_stats", "to_float"]
 
 
@@ -56,8 +58,7 @@ class BatchAugment:
     """
 
     def __init__(self, random_crop_padding: int = 0, horizontal_flip: bool = False) -> None:
-        if isinstance(random_crop_padding, bool) or not isinstance(random_crop_padding, int) or random_crop_padding < 0:
-            raise ValueError(f"random_crop_padding must be an integer >= 0, got {random_crop_padding!r}")
+        check_int("random_crop_padding", random_crop_padding, 0)
         self.random_crop_padding = random_crop_padding
         self.horizontal_flip = bool(horizontal_flip)
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_dfl.checks import is_int
 from lightning_dfl.cost import CostCurve
 from lightning_dfl.scheduling import SchedulingStats
 
@@ -105,7 +106,7 @@ def plot_schedule(rows: Sequence[SchedulingStats], path: str | os.PathLike,
     lines = _infer_max_waits(rows) if max_waits is None else list(max_waits)
     if not lines:
         raise ValueError("plot_schedule needs at least one N in max_waits")
-    bad = [n for n in lines if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0)]
+    bad = [n for n in lines if n is not None and not (is_int(n) and n >= 0)]
     if bad:
         raise ValueError(f"max_waits must be integers >= 0 or None (N = M), got {bad}")
     k, rounds, seed = setups[0]

@@ -280,3 +280,37 @@ def test_gossip_steps_are_exchanges_within_one_round():
         bad = TrainThenMix()
         bad.exchanges_per_round = 0
         bad.validate(5)
+
+
+class RePrune(GossipAlgorithm):
+    """Aggregates as DisPFL, then keeps only the larger half of every layer's active weights (a
+    receiver mask chosen after aggregating, as PRISAM re-prunes)."""
+
+    name = "re_prune"
+    personal_masks = True
+
+    def plan_round(self, ctx):
+        return parallel_plan(ctx, self.neighbors(ctx))
+
+    def aggregate(self, ctx, messages):
+        averaged = super().aggregate(ctx, messages)
+        mask = ctx.module.mask
+        new = {}
+        for name, m in mask.masks.items():
+            values = averaged[name].abs().masked_fill(~m, -1.0).flatten()
+            keep = torch.zeros_like(values, dtype=torch.bool)
+            keep[values.topk(int(m.sum()) // 2).indices] = True
+            new[name] = keep.view_as(m)
+        mask.load_(new, apply=False)
+        return averaged
+
+
+def test_aggregate_may_choose_the_receiver_mask_it_trains_and_publishes_with():
+    trainer = _run(RePrune(num_neighbors=2), rounds=1, density=0.5)
+    store = trainer.store
+    for k in range(5):
+        weights, published = store.published(k)
+        assert all(torch.equal(published[n], store.mask(k)[n]) for n in published)  # no RigL: trained = next
+        for n, m in published.items():
+            assert (weights[n][~m] == 0).all()
+    assert trainer.history[0]["density/mean"] == pytest.approx(0.25, abs=0.01)  # half of ERK 0.5

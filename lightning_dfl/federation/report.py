@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -24,6 +25,24 @@ from rich.table import Table
 
 MB = 1e6
 CLIENTS_CSV = "clients.csv"
+
+
+def build_logger(logger: Logger | bool | str | None, root: str, name: str) -> Logger | None:
+    """The run's logger: a Lightning ``Logger`` as given, ``True``/``None``/``"csv"`` for a CSV logger,
+    ``"tensorboard"`` for a TensorBoard logger (the ``tensorboard`` extra), ``False`` for none."""
+    if logger is False:
+        return None
+    if isinstance(logger, Logger):
+        return logger
+    if logger in (True, None, "csv"):
+        return CSVLogger(root, name=name)
+    if logger == "tensorboard":
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError as err:
+            raise ValueError("logger='tensorboard' needs TensorBoard: pip install -e '.[tensorboard]'") from err
+        return TensorBoardLogger(root, name=name)
+    raise ValueError(f"logger must be a Lightning Logger, True, False, 'csv' or 'tensorboard', got {logger!r}")
 
 
 class RoundReporter:

@@ -20,7 +20,7 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import MixedPrecision
 from lightning.pytorch import Callback
-from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.loggers import Logger
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.accounting import RoundAccounting
@@ -31,7 +31,7 @@ from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.context import CountingBatches, RoundContext
 from lightning_dfl.federation.evaluation import shared_model_metrics
 from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED, SerialExecutor
-from lightning_dfl.federation.report import RoundReporter, RunSummary, print_summary, progress_bar
+from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
 from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
@@ -142,7 +142,7 @@ class FederatedTrainer:
         self._fabric_kwargs = {"accelerator": accelerator, "devices": 1, "precision": precision, "strategy": strategy}
         self.fabric = Fabric(**self._fabric_kwargs)  # validates accelerator and precision now; rebuilt in fit
         self.callbacks = self._merge_callbacks(callbacks)
-        self.logger = self._build_logger(logger)
+        self.logger = build_logger(logger, default_root_dir, self.algorithm.name)
         self.current_round = 0
         self.current_client: int | None = None
         self.train_dataloader: CountingBatches | None = None
@@ -197,21 +197,6 @@ class FederatedTrainer:
             merged.append(replacement if replacement is not None else default)
         return merged + [c for c in user if not any(c is m for m in merged)]
 
-    def _build_logger(self, logger: Logger | bool | str | None) -> Logger | None:
-        if logger is False:
-            return None
-        if isinstance(logger, Logger):
-            return logger
-        if logger in (True, None, "csv"):
-            return CSVLogger(self.default_root_dir, name=self.algorithm.name)
-        if logger == "tensorboard":
-            try:
-                import tensorboard  # noqa: F401
-            except ImportError as err:
-                raise ValueError("logger='tensorboard' needs TensorBoard: pip install -e '.[tensorboard]'") from err
-            return TensorBoardLogger(self.default_root_dir, name=self.algorithm.name)
-        raise ValueError(f"logger must be a Lightning Logger, True, False, 'csv' or 'tensorboard', got {logger!r}")
-
     def _call(self, hook: str, *args: Any) -> None:
         for callback in self.callbacks:
             fn = getattr(callback, hook, None)
@@ -239,7 +224,7 @@ class FederatedTrainer:
         self.fabric.seed_everything(self.seed, verbose=False)
         self.fabric.setup_module(model)  # device placement and the precision's dtype
         model.mask.to(self.fabric.device)
-        self.optimizer = self.fabric.setup_optimizers(model.make_optimizer())
+        self.optimizer = self.fabric.setup_optimizers(self.algorithm.make_optimizer(model))
         # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
         plugin = self.fabric.strategy.precision
         self.convert_input = None if isinstance(plugin, MixedPrecision) else plugin.convert_input

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.sparse.masks import Masks, ModelMask
 from lightning_dfl.sparse.select import largest_k_mask, smallest_k_mask
 
@@ -43,12 +44,10 @@ def cosine_drop_fraction(alpha0: float, step: int, total: int) -> float:
 
     ``step`` (``t``, from 0) past ``total`` (``T``) is clamped to ``T``, where the fraction is 0.
     """
-    if isinstance(alpha0, bool) or not isinstance(alpha0, (int, float)) or not 0.0 <= alpha0 <= 1.0:
+    if not is_number(alpha0) or not 0.0 <= alpha0 <= 1.0:
         raise ValueError(f"alpha0 (initial drop fraction) must be a number in [0, 1], got {alpha0!r}")
-    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise ValueError(f"total (T, the number of rounds or steps) must be an int >= 1, got {total!r}")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step (t) must be an int >= 0, got {step!r}")
+    check_int("total (T, the number of rounds or steps)", total, 1)
+    check_int("step (t)", step, 0)
     t = min(step, total)
     return float(alpha0) / 2.0 * (1.0 + math.cos(math.pi * t / total))
 
@@ -60,7 +59,7 @@ def num_dropped(drop_fraction: float, num_active: int) -> int:
 
 
 def _check_drop_fraction(drop_fraction: float) -> None:
-    if isinstance(drop_fraction, bool) or not isinstance(drop_fraction, (int, float)):
+    if not is_number(drop_fraction, finite=False):
         raise ValueError(f"drop_fraction must be a number in [0, 1], got {drop_fraction!r}")
     if not 0.0 <= drop_fraction <= 1.0:  # also rejects NaN
         raise ValueError(f"drop_fraction must lie in [0, 1], got {drop_fraction!r}")

@@ -76,6 +76,10 @@ class Algorithm:
         """Callbacks the algorithm needs; a user callback of the same class replaces its default."""
         return []
 
+    def make_optimizer(self, module: Any) -> torch.optim.Optimizer:
+        """The worker's optimizer, built once (default: the module's SGD from its settings)."""
+        return module.make_optimizer()
+
     def state_fields(self) -> list[StateField]:
         """Per-client values the algorithm keeps in the client store (checkpointed with it)."""
         return []
