@@ -9,12 +9,17 @@ duck-typed so that callbacks never import the federation:
   ``trainer.max_rounds`` (``T``), ``trainer.num_clients``;
 - ``trainer.current_client`` (the client id during a client's task, else ``None``);
 - ``trainer.train_dataloader``: the current client's training batches ``(x, y)``;
-- ``trainer.logger`` / ``trainer.log_metrics(dict)`` for per-round metrics.
+- ``trainer.logger`` / ``trainer.log_metrics(dict)`` for per-round metrics;
+- ``trainer.client_state(client_id)``: the client's declared per-client fields, read (a view) and
+  written by name. A callback declares them by defining ``client_state_fields(trainer, pl_module)``
+  (a list of dicts: ``name``, ``shape``, ``dtype``, ``fill``, ``like``); in a federation callbacks
+  keep no per-client state of their own, so the client store checkpoints (and later shards) it.
 
 A run calls ``setup``, ``on_fit_start`` and ``on_train_start`` once, then the rounds, then
 ``on_train_end``, ``on_fit_end`` and ``teardown``. Order within one client's task: ``on_client_before_aggregation`` -> aggregation -> local
 epochs (usual batch hooks) -> ``on_client_train_end`` (may change the model the client
-publishes: pruning-time detection, PQI pruning) -> the model and its mask are published ->
+publishes: pruning-time detection, PQI pruning) -> the published model is evaluated -> the model
+and its mask are published ->
 ``on_client_end`` (may change the mask for the next round: RigL).
 """
 

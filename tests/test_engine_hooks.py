@@ -125,7 +125,7 @@ def test_closure_steps_and_local_steps():
     assert algo.losses == 2 * 7 * 5  # two closure calls per step
     sizes = [trainer.datamodule.client_train_size(k) for k in range(5)]
     assert any(s < 7 * 32 for s in sizes)  # some client needed more than one pass
-    with pytest.raises(ValueError, match="local_steps must be >= 1"):
+    with pytest.raises(ValueError, match="local_steps .None: local_epochs epochs. must be an integer >= 1, got 0"):
         FederatedTrainer(local_steps=0)
 
 

@@ -9,6 +9,7 @@ from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import DPSGD, DisPFL, FedAvg, Local
+from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.plan import RoundPlan
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
@@ -142,7 +143,7 @@ def test_bad_configurations_fail_before_training():
         SparseClassifier(arch="resnet999")
     with pytest.raises(ValueError, match="clients_per_round"):
         _run(FedAvg(clients_per_round=10), rounds=1)
-    with pytest.raises(ValueError, match="rounds must be >= 1"):
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1"):
         FederatedTrainer(rounds=0)
 
 
@@ -161,8 +162,12 @@ def test_bf16_precisions_train_and_keep_the_mask(precision):
     ({"devices": "auto"}, "devices='auto'"),
     ({"strategy": "ddp"}, "strategy='ddp'"),
     ({"logger": "wandb"}, "logger must be"),
-    ({"local_epochs": -1}, "local_epochs must be >= 0"),
+    ({"local_epochs": -1}, "local_epochs must be an integer >= 0"),
     ({"client_speeds": [1.0, 0.0]}, "client_speeds must all be > 0"),
+    ({"client_speeds": [1.0], "clock": Clock()}, "client_speeds or a clock, not both"),
+    ({"clock": "fast"}, "clock must be a lightning_dfl.federation.clock.Clock, got str"),
+    ({"cpu_threads": 0}, "cpu_threads must be an integer >= 1, got 0"),
+    ({"checkpoint_every": 1.5}, "checkpoint_every .0: never. must be an integer >= 0, got 1.5"),
 ])
 def test_trainer_arguments_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):

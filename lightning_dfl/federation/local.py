@@ -51,12 +51,12 @@ def train_locally(algorithm: Algorithm, ctx: TaskContext) -> float:
     for _, batch_idx, batch in _batches(ctx):
         ctx.call("on_train_batch_start", batch, batch_idx)
         closure = _closure(algorithm, ctx, batch)
-        loss = algorithm.optimizer_step(ctx, closure)
-        optimizer.zero_grad(set_to_none=True)
+        loss = algorithm.optimizer_step(ctx, closure)  # the closure zeroes the gradients first
         ctx.call("on_train_batch_end", loss.detach(), batch, batch_idx)
         n = int(batch[1].shape[0])
         loss_sum += float(loss.detach()) * n
         count += n
+    optimizer.zero_grad(set_to_none=True)
     if count and not math.isfinite(loss_sum):
         raise FloatingPointError(f"client {ctx.node}: the training loss is not finite in round "
                                  f"{ctx.round_idx}; lower the learning rate")

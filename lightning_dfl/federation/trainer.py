@@ -22,6 +22,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 
+from lightning_dfl.checks import check_int
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.aggregation import masked_average
@@ -98,14 +99,11 @@ class FederatedTrainer:
         if not isinstance(self.algorithm, Algorithm):
             raise ValueError(f"algorithm must be an Algorithm (DisPFL, DPSGD, Local, FedAvg, ...), "
                              f"got {type(self.algorithm).__name__}")
-        if rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {rounds}")
-        if local_epochs < 0:
-            raise ValueError(f"local_epochs must be >= 0, got {local_epochs}")
-        if local_steps is not None and local_steps < 1:
-            raise ValueError(f"local_steps must be >= 1 (or None: local_epochs epochs), got {local_steps}")
-        if eval_every < 1:
-            raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+        check_int("rounds", rounds, 1)
+        check_int("local_epochs", local_epochs, 0)
+        if local_steps is not None:
+            check_int("local_steps (None: local_epochs epochs)", local_steps, 1)
+        check_int("eval_every", eval_every, 1)
         if devices not in (1, "1"):
             raise ValueError(f"devices={devices!r}: the federation trains all clients with one worker on one "
                              "device for now (sharding clients across processes is planned); use devices=1 and "
@@ -115,12 +113,8 @@ class FederatedTrainer:
                              "allowed: 'auto', 'single_device'")
         if store_device not in ("cpu", "worker"):
             raise ValueError(f"store_device must be 'cpu' or 'worker', got {store_device!r}")
-        if checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0 (0: never), got {checkpoint_every}")
-        self.checkpoint_every = checkpoint_every
-        if cpu_threads is not None and cpu_threads < 1:
-            raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads}")
-        self.cpu_threads = cpu_threads
+        self.checkpoint_every = check_int("checkpoint_every (0: never)", checkpoint_every, 0)
+        self.cpu_threads = None if cpu_threads is None else check_int("cpu_threads", cpu_threads, 1)
         if client_speeds is not None and clock is not None:
             raise ValueError("give client_speeds or a clock, not both (client_speeds is Clock(speeds=...))")
         if client_speeds is not None and any(s <= 0 for s in client_speeds):

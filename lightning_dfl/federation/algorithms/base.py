@@ -23,6 +23,9 @@ from lightning_dfl.federation.topology import Topology, build_topology
 
 __all__ = ["Algorithm", "GossipAlgorithm", "RoundContext", "TaskContext"]
 
+#: the default codecs (stateless): without and with the mask bits counted
+_MASKED_CODECS = {False: MaskedCodec(send_mask=False), True: MaskedCodec(send_mask=True)}
+
 
 class Algorithm:
     """Base class of federated algorithms.
@@ -100,7 +103,7 @@ class Algorithm:
         does not cross the network and is not counted)."""
         store = ctx.store
         weights, mask = store.published(source.node, source.fresh)
-        codec = MaskedCodec(send_mask=self.sends_masks)
+        codec = _MASKED_CODECS[bool(self.sends_masks)]
         return codec.encode(weights, mask, sender=source.node, masked_names=store.masked_names,
                             active_values=store.active_values(source.node, source.fresh))
 
