@@ -28,6 +28,8 @@ class ClientRecord:
     loss: float = float("nan")
     acc_aggregated: float | None = None
     acc_trained: float | None = None
+    #: its update was not finite (weights or loss) and was discarded: it published its start-of-round model
+    nonfinite: bool = False
     #: further per-client numbers an algorithm reports (``TaskContext.report``), as clients.csv columns
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -60,7 +62,7 @@ class RoundAccounting:
         return [{
             "round": self.round_idx, "client": r.client, "density": r.density,
             "acc_aggregated": r.acc_aggregated, "acc_trained": r.acc_trained, "loss": r.loss,
-            "train_samples": r.train_samples, "flops": r.flops,
+            "train_samples": r.train_samples, "flops": r.flops, "nonfinite": int(r.nonfinite),
             "bytes_received": self.download.get(r.client, 0), "bytes_sent": self.upload.get(r.client, 0),
             **r.extra,
         } for r in sorted(self.records, key=lambda r: r.client)]
@@ -86,6 +88,7 @@ class RoundAccounting:
         out["flops/train_total"] = float(sum(flops))
         out["flops/train_per_client"] = float(sum(flops) / len(flops)) if flops else 0.0
         out["samples/train"] = float(sum(r.train_samples for r in records))
+        out["faults/nonfinite_clients"] = float(sum(r.nonfinite for r in records))
         nodes = set(self.download) | set(self.upload)
         busiest = max((max(self.download[n], self.upload[n]) for n in nodes), default=0)
         busiest_mask = max((max(self.mask_download[n], self.mask_upload[n]) for n in nodes), default=0)

@@ -8,6 +8,7 @@ will walk the same :meth:`RoundPlan.levels`.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -89,9 +90,17 @@ class SerialExecutor:
         algorithm.configure_optimizer(ctx)
         self._restore_optimizer_state(ctx)
         record.loss = algorithm.local_train(ctx)
-        self._save_optimizer_state(ctx)
         record.train_samples = batches.samples
+        record.flops = record.train_samples * train_flops_per_sample
+        diverged = record.train_samples > 0 and not math.isfinite(record.loss)
+        if diverged or not self._finite():
+            self._contain(ctx, record, accounting, evaluate)
+            return
+        self._save_optimizer_state(ctx)
         t._call("on_client_train_end", node)
+        if not self._finite():  # a callback's change (e.g. pruning) made it non-finite
+            self._contain(ctx, record, accounting, evaluate)
+            return
         if evaluate:  # the model the node publishes (after pruning, if a callback pruned)
             record.acc_trained = algorithm.evaluate(ctx, "trained")
         store.publish(node, t.worker, module.mask.masks, algorithm.publish_fields(ctx))
@@ -100,9 +109,29 @@ class SerialExecutor:
         store.set_mask(node, module.mask.masks)
         record.search_samples = batches.samples - search_from
         # the regrowth score is a dense gradient: its batches cost dense FLOPs
-        record.flops = (record.train_samples * train_flops_per_sample
-                        + record.search_samples * 3 * module.flops_profile.dense_forward_flops())
+        record.flops += record.search_samples * 3 * module.flops_profile.dense_forward_flops()
         record.extra = dict(ctx.report)
+        accounting.records.append(record)
+        t.train_dataloader = None
+
+    # -- faults ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def _finite(self) -> bool:
+        """Whether every worker weight and buffer is finite."""
+        return all(bool(torch.isfinite(t).all()) for t in self.trainer.worker.values())
+
+    def _contain(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting, evaluate: bool) -> None:
+        """A non-finite update is discarded: the node publishes its start-of-round model with its mask,
+        keeps its next mask and its kept optimizer state, and the record says so; no neighbour ever
+        receives a non-finite value."""
+        t, node = self.trainer, ctx.node
+        own, own_mask = t.store.published(node)
+        self.load(own)
+        t.module.mask.load_(t.store.mask(node), apply=False)
+        record.nonfinite = True
+        if evaluate:
+            record.acc_trained = t.algorithm.evaluate(ctx, "trained")
+        t.store.publish(node, own, own_mask)
         accounting.records.append(record)
         t.train_dataloader = None
 

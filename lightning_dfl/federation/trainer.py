@@ -22,7 +22,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 
-from lightning_dfl.checks import check_int
+from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.aggregation import masked_average
@@ -32,6 +32,7 @@ from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.context import CountingBatches, RoundContext
 from lightning_dfl.federation.evaluation import shared_model_metrics
 from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED, SerialExecutor
+from lightning_dfl.federation.interrupts import Interrupted, resume_command, stop_requests
 from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
 from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
 from lightning_dfl.module import SparseClassifier
@@ -65,6 +66,10 @@ class FederatedTrainer:
             to :attr:`checkpoint_path`; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.
         cpu_threads: if set, ``torch.set_num_threads(cpu_threads)`` before training. Small models
             train several times faster on one thread than on many (intra-op overhead).
+        dropout: each round each client is inactive with this probability (DisPFL App. B.6): it
+            neither trains nor sends, and its neighbours aggregate what they received; in ``[0, 1)``.
+        deadline: simulated time per round after which tasks are dropped (stragglers: a client whose
+            task would finish later neither trains nor sends this round); ``None``: no deadline.
         resume_allow: settings that may differ from the checkpoint's when resuming with
             ``fit(..., ckpt_path=...)`` (e.g. ``["model/lr"]``); ``rounds``, ``eval_every`` and
             ``checkpoint_every`` may always change.
@@ -93,6 +98,8 @@ class FederatedTrainer:
         enable_progress_bar: bool = True,
         checkpoint_every: int = 0,
         cpu_threads: int | None = None,
+        dropout: float = 0.0,
+        deadline: float | None = None,
         resume_allow: Sequence[str] = (),
     ) -> None:
         self.algorithm = algorithm if algorithm is not None else DisPFL()
@@ -122,7 +129,15 @@ class FederatedTrainer:
         if clock is not None and not isinstance(clock, Clock):
             raise ValueError(f"clock must be a lightning_dfl.federation.clock.Clock, got {type(clock).__name__}")
         self.clock = clock if clock is not None else Clock(speeds=client_speeds)
+        if not is_number(dropout) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+        if deadline is not None and (not is_number(deadline) or deadline <= 0):
+            raise ValueError(f"deadline must be a time > 0 (or None: no deadline), got {deadline!r}")
+        self.dropout = float(dropout)
+        self.deadline = None if deadline is None else float(deadline)
         self.resume_allow = tuple(resume_allow)
+        #: the command line that started the run (set by the CLI), for the resume hint
+        self.command_line: list[str] | None = None
         self.rounds = rounds
         self.local_epochs = local_epochs
         self.local_steps = local_steps
@@ -276,14 +291,16 @@ class FederatedTrainer:
         self._call("on_fit_start")
         self._call("on_train_start")
         start = time.perf_counter()
-        with progress_bar(self.rounds, enabled=self.enable_progress_bar and self.is_global_zero,
-                          completed=first_round) as advance:
+        with stop_requests(self._abandon) as stop, progress_bar(
+                self.rounds, enabled=self.enable_progress_bar and self.is_global_zero, completed=first_round) as advance:
             for round_idx in range(first_round, self.rounds):
                 metrics = self.run_round(round_idx)
-                if self.checkpoint_every and ((round_idx + 1) % self.checkpoint_every == 0
-                                              or round_idx == self.rounds - 1):
+                if stop.requested or (self.checkpoint_every and ((round_idx + 1) % self.checkpoint_every == 0
+                                                                 or round_idx == self.rounds - 1)):
                     save_checkpoint(self, self.checkpoint_path)
                 advance(metrics)
+                if stop.requested and round_idx < self.rounds - 1:
+                    raise self._interrupted(stop.exit_code, f"stopped after round {round_idx}")
         earlier = sum(m.get("time/wall_round_s", 0.0) for m in self.history[:first_round])
         self.summary = RunSummary.from_history(self.algorithm, self.history, earlier + time.perf_counter() - start,
                                                self.log_dir)
@@ -297,30 +314,63 @@ class FederatedTrainer:
             print_summary(self.summary)
         return self.summary
 
-    def round_context(self, round_idx: int) -> RoundContext:
+    def _interrupted(self, exit_code: int, what: str) -> Interrupted:
+        path = self.checkpoint_path if self.checkpoint_path.is_file() else None
+        hint = resume_command(path, self.command_line) if path is not None else ""
+        where = f"checkpoint {path}" if path is not None else "no checkpoint was written"
+        return Interrupted(exit_code, path, hint, f"{what}; {where}")
+
+    def _abandon(self, exit_code: int) -> Interrupted:
+        """A second signal: stop at once; the last checkpoint on disk (if any) resumes."""
+        return self._interrupted(exit_code, f"abandoned round {self.current_round}")
+
+    def round_context(self, round_idx: int, excluded: frozenset[int] = frozenset()) -> RoundContext:
         """What the algorithm reads when it plans ``round_idx``: sizes, the plan stream, the clock's
-        compute times and the participants."""
+        compute times and the participants (the algorithm's choice, less the clients that dropped out
+        and ``excluded`` ones: stragglers)."""
         durations = self.clock.compute_times(round_idx)
         ctx = RoundContext(round_idx, self.rounds, self.num_clients, self.sample_counts,
                            np.random.default_rng(derive_seed(self.seed, "plan", round_idx)),
                            durations[:self.num_clients])
         participants = self.algorithm.participants(ctx)
-        if participants is None:
+        if participants is not None:
+            chosen = [int(k) for k in participants]
+            bad = [k for k in chosen if not 0 <= k < self.num_clients]
+            if bad or len(set(chosen)) != len(chosen):
+                raise ValueError(f"{type(self.algorithm).__name__}.participants returned {list(participants)}: "
+                                 f"expected distinct client ids in 0..{self.num_clients - 1}")
+        if participants is None and not self.dropout and not excluded:
             return ctx
-        chosen = tuple(sorted(int(k) for k in participants))
-        bad = [k for k in chosen if not 0 <= k < self.num_clients]
-        if bad or len(set(chosen)) != len(chosen):
-            raise ValueError(f"{type(self.algorithm).__name__}.participants returned {list(participants)}: "
-                             f"expected distinct client ids in 0..{self.num_clients - 1}")
-        return RoundContext(ctx.round_idx, ctx.num_rounds, ctx.num_clients, ctx.sample_counts, ctx.rng,
-                            ctx.durations, chosen)
+        active = set(range(self.num_clients)) if participants is None else set(chosen)
+        if self.dropout:
+            draws = np.random.default_rng(derive_seed(self.seed, "dropout", round_idx)).random(self.num_clients)
+            active &= {k for k in range(self.num_clients) if draws[k] >= self.dropout}
+        return dataclasses.replace(ctx, participants=tuple(sorted(active - excluded)))
+
+    def _plan_first_exchange(self, round_idx: int) -> tuple[RoundContext, Any, int]:
+        """Plan the round's first exchange; with a deadline, drop the clients whose task would finish
+        after it and plan again until every task meets it. Returns the context, the plan and the
+        number of stragglers dropped."""
+        excluded: frozenset[int] = frozenset()
+        durations = self.clock.compute_times(round_idx)
+        while True:
+            ctx = self.round_context(round_idx, excluded)
+            plan = self.algorithm.plan_round(ctx)
+            if self.deadline is None:
+                return ctx, plan, 0
+            times = self.clock.schedule(plan, durations)
+            late = {t.node for t in plan.tasks if t.train and t.node < self.num_clients
+                    and times[t.node][1] > self.deadline + 1e-12}
+            if not late:
+                return ctx, plan, len(excluded)
+            excluded |= late
 
     def run_round(self, round_idx: int) -> dict[str, float]:
         """Plan and run one round (its ``exchanges_per_round`` exchanges); log and return its metrics."""
         wall = time.perf_counter()
         self.current_round = round_idx
         self._extra_metrics = {}
-        ctx = self.round_context(round_idx)
+        ctx, plan, stragglers = self._plan_first_exchange(round_idx)
         evaluate = (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
         accounting = RoundAccounting(round_idx)
         durations = self.clock.compute_times(round_idx)
@@ -329,15 +379,24 @@ class FederatedTrainer:
             if exchange:
                 rng = np.random.default_rng(derive_seed(self.seed, "plan", round_idx, exchange))
                 ctx = dataclasses.replace(ctx, exchange=exchange, rng=rng)
-            plan = self.algorithm.plan_round(ctx)
-            if exchange == 0:
+                plan = self.algorithm.plan_round(ctx)
+            else:
                 self._call("on_federated_round_start")
             accounting.edge_bytes.clear()  # the clock times each exchange's own messages
             self.executor.run(plan, evaluate, accounting, exchange)
             self.store.end_round()
             timings.append((self.clock.round_metrics(plan, durations, accounting.edge_bytes),
                             any(t.train for t in plan.tasks)))
+        failed = sorted(r.client for r in accounting.records if r.nonfinite)
+        if failed and len(failed) == len(accounting.records):
+            raise FloatingPointError(
+                f"round {round_idx}: every client that trained ({len(failed)}: {failed}) ended with non-finite "
+                "weights or loss; the learning rate is probably too high for this model and data (or the data "
+                "hold NaN/inf values). The last checkpoint holds finite weights only")
         metrics = accounting.metrics()
+        active = self.num_clients if ctx.participants is None else len(ctx.participants)
+        metrics["clients/active_share"] = active / self.num_clients
+        metrics["faults/stragglers"] = float(stragglers)
         timing = dict(next((m for m, trains in timings if trains), timings[0][0]))
         timing["duration"] = sum(m["duration"] for m, _ in timings)  # exchanges run one after another
         metrics.update({f"time/{k}": v for k, v in timing.items()})

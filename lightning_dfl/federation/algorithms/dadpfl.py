@@ -72,12 +72,16 @@ class DADPFL(GossipAlgorithm):
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         neighbors = self.neighbors(ctx)
         order = ctx.rng.permutation(ctx.num_clients)
+        if ctx.participants is not None:  # inactive clients neither train nor send: nobody waits for them
+            active = set(ctx.participants)
+            neighbors = [[j for j in nbs if j in active] if k in active else [] for k, nbs in enumerate(neighbors)]
         reuse_index = [0] * ctx.num_clients
         for position, client in enumerate(order):
             reuse_index[int(client)] = position
         waits = reuse_dependencies(neighbors, reuse_index, self.max_wait, ctx.durations)
+        taking_part = set(ctx.active_clients)
         tasks = []
-        for client in (int(c) for c in order):
+        for client in (int(c) for c in order if int(c) in taking_part):
             fresh = set(waits[client])
             tasks.append(Task(node=client, sources=(Source(client), *(Source(j, fresh=j in fresh)
                                                                         for j in neighbors[client]))))

@@ -7,7 +7,7 @@ from lightning_dfl.federation.plan import RoundPlan, Source, Task
 
 
 class FedAvg(Algorithm):
-    """The server (node K) samples ``clients_per_round`` clients uniformly without replacement; each
+    """The server (node K) samples ``clients_per_round`` of the active clients uniformly without replacement; each
     starts from the server model and trains; the server averages their fresh models weighted by
     their sample counts. Its headline accuracy is the server model on every client's test set.
 
@@ -32,8 +32,15 @@ class FedAvg(Algorithm):
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         server = ctx.num_clients
-        sampled = sorted(int(k) for k in ctx.rng.choice(ctx.num_clients, self.clients_per_round, replace=False))
+        if ctx.participants is None:
+            sampled = sorted(int(k) for k in ctx.rng.choice(ctx.num_clients, self.clients_per_round, replace=False))
+        else:  # sample among the active clients (all of them when fewer are active)
+            active = ctx.active_clients
+            count = min(self.clients_per_round, len(active))
+            sampled = sorted(int(k) for k in ctx.rng.choice(active, count, replace=False)) if count else []
         tasks = [Task(node=k, sources=(Source(server),)) for k in sampled]
+        if not sampled:  # nobody is active: the server keeps its model
+            return RoundPlan(ctx.round_idx, [Task(node=server, sources=(Source(server),), train=False)])
         tasks.append(Task(node=server, sources=tuple(Source(k, fresh=True) for k in sampled),
                           coefficients=tuple(float(ctx.sample_counts[k]) for k in sampled), train=False))
         return RoundPlan(ctx.round_idx, tasks, meta={"sampled": sampled})

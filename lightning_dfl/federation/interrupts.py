@@ -1,0 +1,82 @@
+"""Stopping a run cleanly on Ctrl-C (SIGINT) or SIGTERM.
+
+The first signal asks the trainer to stop after the round in progress: the round completes (a
+round is the unit a checkpoint restores bit for bit), a checkpoint is written and
+:class:`Interrupted` carries the command that resumes. A second signal abandons the round at once.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+#: exit codes of a run stopped by a signal (128 + the signal's number)
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by a signal: ``exit_code`` (130 SIGINT, 143 SIGTERM), the checkpoint it wrote
+    (or the last one on disk) and ``resume_hint``, the command that continues it."""
+
+    def __init__(self, exit_code: int, checkpoint: Path | None, resume_hint: str, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.checkpoint = checkpoint
+        self.resume_hint = resume_hint
+
+
+class StopRequest:
+    """Set by the first signal; :attr:`exit_code` tells which signal."""
+
+    def __init__(self) -> None:
+        self.exit_code: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.exit_code is not None
+
+
+@contextmanager
+def stop_requests(on_abandon: callable) -> Iterator[StopRequest]:
+    """Within this block SIGINT and SIGTERM set the yielded :class:`StopRequest`; a second signal
+    raises ``on_abandon(exit_code)`` at once. Outside the main thread no handler is installed."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        code = EXIT_CODES.get(signal.Signals(signum), 130)
+        if request.requested:
+            raise on_abandon(code)
+        request.exit_code = code
+        print(f"\nlightning-dfl: {signal.Signals(signum).name}: finishing the current round, then writing a "
+              "checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, handler) for sig in EXIT_CODES}
+    try:
+        yield request
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def resume_command(checkpoint: Path, command_line: Sequence[str] | None) -> str:
+    """The command that resumes from ``checkpoint``: the run's command line with ``--ckpt_path``
+    (replacing any earlier one), or the Python call when the run did not come from the CLI."""
+    if not command_line:
+        return f"trainer.fit(model, datamodule, ckpt_path={str(checkpoint)!r})"
+    args, skip = [], False
+    for arg in command_line[1:]:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            args.append(arg)
+    return shlex.join([command_line[0], *args, "--ckpt_path", str(checkpoint)])

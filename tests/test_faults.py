@@ -1,0 +1,210 @@
+"""Faults a federation survives: non-finite updates, dropout, stragglers, Ctrl-C and SIGTERM."""
+
+import math
+import os
+import signal
+import warnings
+
+import pytest
+import torch
+
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DisPFL, FedAvg
+from lightning_dfl.federation.checkpoint_io import read_state
+from lightning_dfl.federation.clock import Clock
+from lightning_dfl.federation.interrupts import Interrupted, resume_command
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+
+warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+
+
+def _trainer(algorithm, rounds=3, callbacks=None, **kw):
+    kw.setdefault("logger", False)
+    return FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, accelerator="cpu",
+                            enable_progress_bar=False, callbacks=callbacks, **kw)
+
+
+def _parts(num_clients=6):
+    dm = FederatedDataModule(dataset="digits", num_clients=num_clients, batch_size=32, test_samples_per_client=30)
+    return SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05), dm
+
+
+def _all_finite(store):
+    return all(bool(torch.isfinite(t).all()) for t in store.weights.values())
+
+
+class Poison(FederatedCallback):
+    """Makes the given clients' weights NaN during their local training in ``round_idx``."""
+
+    def __init__(self, clients, round_idx=1):
+        self.clients, self.round_idx = set(clients), round_idx
+        self.received = []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_round == self.round_idx and trainer.current_client in self.clients:
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(float("nan"))
+
+
+def test_a_client_whose_update_is_not_finite_is_contained(tmp_path):
+    model, dm = _parts()
+    seen = {"finite_rounds": []}
+
+    class Watch(FederatedCallback):
+        def on_client_before_aggregation(self, trainer, pl_module, client_id):
+            if client_id == 2 and trainer.current_round in (1, 2):  # its model at the start of rounds 1 and 2
+                seen[trainer.current_round] = {n: t.clone() for n, t in trainer.store.published(2)[0].items()}
+
+        def on_federated_round_end(self, trainer, pl_module):
+            seen["finite_rounds"].append(_all_finite(trainer.store))
+
+    trainer = _trainer(DisPFL(num_neighbors=2), callbacks=[Poison({2}), Watch()], checkpoint_every=1,
+                       default_root_dir=str(tmp_path), logger=True)
+    trainer.fit(model, dm)
+    assert [m["faults/nonfinite_clients"] for m in trainer.history] == [0.0, 1.0, 0.0]
+    rows = (tmp_path / "dispfl" / "version_0" / "clients.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    flagged = [r.split(",") for r in rows[1:] if r.split(",")[header.index("nonfinite")] == "1"]
+    assert [(int(r[0]), int(r[1])) for r in flagged] == [(1, 2)]  # round 1, client 2
+    for n, t in seen[1].items():  # in round 1 client 2 published its start-of-round model
+        assert torch.equal(seen[2][n], t)
+    assert seen["finite_rounds"] == [True, True, True]  # no neighbour ever received a non-finite value
+    assert all(math.isfinite(m["acc/personal_mean"]) for m in trainer.history)
+    state = read_state(trainer.checkpoint_path)
+    assert all(bool(torch.isfinite(t).all()) for t in state["store"]["weights"].values())
+    assert trainer.history[-1]["acc/personal_mean"] > 0.3
+
+
+def test_a_round_in_which_every_client_fails_stops_the_run_naming_them():
+    model, dm = _parts(4)
+    trainer = _trainer(DisPFL(num_neighbors=2), callbacks=[Poison({0, 1, 2, 3})])
+    with pytest.raises(FloatingPointError, match=r"round 1: every client that trained \(4: \[0, 1, 2, 3\]\)"):
+        trainer.fit(model, dm)
+
+
+def test_a_diverging_learning_rate_is_contained_not_propagated():
+    model, dm = _parts(4)
+    model = SparseClassifier(arch="cnn_digits", density=0.5, lr=1e30)
+    trainer = _trainer(DPSGD(num_neighbors=2), rounds=1)
+    with pytest.raises(FloatingPointError, match="learning rate is probably too high"):
+        trainer.fit(model, dm)
+
+
+@pytest.mark.parametrize("algorithm", [DisPFL(num_neighbors=2), DADPFL(num_neighbors=2, max_wait=2),
+                                       DPSGD(num_neighbors=2), FedAvg(clients_per_round=3)],
+                         ids=["dispfl", "dadpfl", "dpsgd", "fedavg"])
+def test_dropout_half_the_clients_runs_to_the_end(algorithm):
+    model, dm = _parts(8)
+    plans = []
+    original = type(algorithm).plan_round
+
+    def spy(self, ctx):
+        plan = original(self, ctx)
+        plans.append((ctx.participants, plan))
+        return plan
+
+    type(algorithm).plan_round, restore = spy, original
+    try:
+        trainer = _trainer(algorithm, rounds=4, dropout=0.5)
+        trainer.fit(model, dm)
+    finally:
+        type(algorithm).plan_round = restore
+    shares = [m["clients/active_share"] for m in trainer.history]
+    assert all(0 <= s <= 1 for s in shares) and min(shares) < 1 and 0.25 < sum(shares) / len(shares) < 0.75
+    for participants, plan in plans:  # an inactive client neither trains nor sends
+        active = set(participants)
+        for task in plan.tasks:
+            if task.node < 8:
+                assert task.node in active
+            assert {s.node for s in task.sources if s.node < 8} <= active
+    assert _all_finite(trainer.store)
+
+
+def test_dropout_is_validated():
+    with pytest.raises(ValueError, match="dropout must be a probability in \\[0, 1\\), got 1.0"):
+        FederatedTrainer(dropout=1.0)
+    with pytest.raises(ValueError, match="deadline must be a time > 0"):
+        FederatedTrainer(deadline=0)
+
+
+@pytest.mark.parametrize("algorithm", [DisPFL(num_neighbors=2), DADPFL(num_neighbors=3, max_wait=2)],
+                         ids=["dispfl", "dadpfl"])
+def test_a_deadline_drops_the_stragglers(algorithm):
+    model, dm = _parts(8)
+    clock = Clock(distribution="uniform", low=0.5, high=4.5, noise=0.2)
+    trainer = _trainer(algorithm, rounds=3, clock=clock, deadline=3.0)
+    trainer.fit(model, dm)
+    for r, m in enumerate(trainer.history):
+        assert m["time/duration"] <= 3.0 + 1e-9  # every task met the deadline
+        times = clock.compute_times(r)
+        late = sum(t > 3.0 for t in times[:8])  # cannot finish even when starting at once
+        if isinstance(algorithm, DADPFL):
+            assert m["faults/stragglers"] >= late  # and those whose waits make them late
+        else:
+            assert m["faults/stragglers"] == late
+        assert m["clients/active_share"] == pytest.approx(1 - m["faults/stragglers"] / 8)
+    assert sum(m["faults/stragglers"] for m in trainer.history) > 0
+
+
+class SendSignal(FederatedCallback):
+    """Sends ``signals`` to this process during client 1's task of ``round_idx``."""
+
+    def __init__(self, signals, round_idx=1):
+        self.signals, self.round_idx = list(signals), round_idx
+
+    def on_client_train_end(self, trainer, pl_module, client_id):
+        if trainer.current_round == self.round_idx and client_id == 1:
+            for sig in self.signals:
+                os.kill(os.getpid(), sig)
+
+
+def _stores_equal(a, b):
+    for part in ("weights", "masks", "published_masks"):
+        for n, t in getattr(a.store, part).items():
+            assert torch.equal(t, getattr(b.store, part)[n]), (part, n)
+    for name, parts in a.store.fields.items():
+        for n, t in parts.items():
+            assert torch.equal(t, b.store.fields[name][n]) or (t.isnan() == b.store.fields[name][n].isnan()).all()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+def test_a_signal_finishes_the_round_checkpoints_and_resumes_bit_identical(tmp_path, sig, code):
+    algo = lambda: DADPFL(num_neighbors=2, max_wait=2, delta_pr=1000.0, target_sparsity=0.7)  # noqa: E731
+    model, dm = _parts()
+    straight = _trainer(algo(), rounds=4, callbacks=[SendSignal([])])
+    straight.fit(model, dm)
+
+    model, dm = _parts()
+    stopped = _trainer(algo(), rounds=4, callbacks=[SendSignal([sig])], default_root_dir=str(tmp_path))
+    with pytest.raises(Interrupted) as info:
+        stopped.fit(model, dm)
+    assert info.value.exit_code == code
+    assert len(stopped.history) == 2  # round 1 was finished, not abandoned
+    assert info.value.checkpoint == stopped.checkpoint_path and "ckpt_path=" in info.value.resume_hint
+    assert signal.getsignal(sig) is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    model, dm = _parts()
+    resumed = _trainer(algo(), rounds=4, callbacks=[SendSignal([])])
+    resumed.fit(model, dm, ckpt_path=str(info.value.checkpoint))
+    _stores_equal(straight, resumed)
+    for a, b in zip(straight.history, resumed.history):
+        assert {k: v for k, v in a.items() if k != "time/wall_round_s"} == \
+               {k: v for k, v in b.items() if k != "time/wall_round_s"}
+
+
+def test_a_second_signal_abandons_the_round_at_once(tmp_path):
+    model, dm = _parts()
+    trainer = _trainer(DisPFL(num_neighbors=2), rounds=3, callbacks=[SendSignal([signal.SIGINT, signal.SIGINT])],
+                       default_root_dir=str(tmp_path), checkpoint_every=1)
+    with pytest.raises(Interrupted) as info:
+        trainer.fit(model, dm)
+    assert info.value.exit_code == 130 and len(trainer.history) == 1  # round 1 abandoned
+    assert read_state(info.value.checkpoint)["next_round"] == 1  # the last checkpoint on disk
+
+
+def test_the_resume_command_replaces_the_checkpoint_option():
+    cmd = resume_command("runs/x/last.ckpt", ["lightning-dfl", "fit", "--config", "a b.yaml", "--ckpt_path", "old"])
+    assert cmd == "lightning-dfl fit --config 'a b.yaml' --ckpt_path runs/x/last.ckpt"
+    assert resume_command("c.ckpt", None) == "trainer.fit(model, datamodule, ckpt_path='c.ckpt')"
