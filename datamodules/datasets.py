@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import csv
 import inspect
+import io
 import os
 import pickle
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_dfl.checks import is_int
+from lightning_dfl.checks import check_int, is_int, is_number
 from lightning_dfl.registry import Registry
 
 __all__ = [
@@ -49,7 +51,10 @@ HAM10000_CLASSES = ("akiec", "bcc", "bkl", "df", "mel", "nv", "vasc")
 
 _DOWNLOAD_HINT = "Pass download=True to fetch it with torchvision (needs network access)."
 # Errors torchvision's readers raise on truncated or foreign files once the files exist.
-_READ_ERRORS = (RuntimeError, ValueError, TypeError, KeyError, EOFError, pickle.UnpicklingError)
+_READ_ERRORS = (RuntimeError, ValueError, TypeError, KeyError, IndexError, EOFError, AssertionError,
+                pickle.UnpicklingError)
+# torchvision.io prefixes its errors with the C++ function and source line: "decode_jpeg, /path/x.cpp:171, "
+_TORCHVISION_IO_PREFIX = re.compile(r"^\w+, \S+\.cpp:\d+, ")
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,20 @@ def default_data_root() -> Path:
 # --------------------------------------------------------------------------- helpers
 
 
+def _describe(err: BaseException) -> str:
+    """An exception's message without torchvision.io's C++ location; its type when it has no text."""
+    text = _TORCHVISION_IO_PREFIX.sub("", str(err).strip()).rstrip(". ")
+    return text or type(err).__name__
+
+
+def _read_text(path: Path) -> str:
+    """A text file's contents; a file that is not UTF-8 text raises ValueError naming it."""
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a text file ({err}); replace it with the official one") from err
+
+
 def _labels(values) -> Tensor:
     return torch.as_tensor(np.asarray(values), dtype=torch.int64).reshape(-1)
 
@@ -175,7 +194,8 @@ def decode_images(paths: Sequence[str | os.PathLike], image_size: int | None = N
         try:
             img = decode_image(read_file(path), mode=ImageReadMode.RGB)
         except RuntimeError as err:
-            raise ValueError(f"cannot decode image {path}: {err}") from err
+            raise ValueError(f"cannot decode image {path} ({_describe(err)}): the file is corrupt or not an image "
+                             "(jpeg, png, webp or gif); replace or delete it") from err
         if img.dtype != torch.uint8:  # 16-bit PNGs decode as uint16: scale, do not wrap modulo 256
             img = TF.to_dtype(img, torch.uint8, scale=True)
         if image_size is not None and tuple(img.shape[-2:]) != (image_size, image_size):
@@ -224,7 +244,8 @@ def _torchvision_call(name: str, root: Path, layout: str, factory: Callable[[], 
         return factory()
     except _READ_ERRORS as err:
         raise ValueError(
-            f"{name} under {root} is corrupt or not the official files (torchvision: {err}). Expected layout: "
+            f"{name} under {root} is corrupt or not the official files (torchvision: {_describe(err)}). "
+            f"Expected layout: "
             f"{layout}. Delete the files and pass download=True to fetch the official copy (needs network access)."
         ) from err
 
@@ -335,24 +356,43 @@ def load_image_folder(root: str | os.PathLike, image_size: int | None = None) ->
     decoded once as RGB, resized to ``image_size`` when given. The offline CIFAR-10 copy
     unpacks to such a folder (``cifar10-jpg``).
     """
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
     _check_image_size(image_size)
     root = Path(root).expanduser()
     layout = f"{root}/train/<class>/<image> and {root}/test/<class>/<image> (ImageFolder layout)"
+    if not root.is_dir():
+        problem = "is not a folder" if root.exists() else "does not exist"
+        raise FileNotFoundError(f"image folder not found: {root} {problem}. Expected layout: {layout}")
     for half in ("train", "test"):
         if not (root / half).is_dir():
             raise FileNotFoundError(f"image folder not found: {root / half} is missing. Expected layout: {layout}")
-    classes, class_to_idx = find_classes(root / "train")
-    test_classes, _ = find_classes(root / "test")
-    if test_classes != classes:
+    halves = {half: sorted(e.name for e in os.scandir(root / half) if e.is_dir()) for half in ("train", "test")}
+    for half, names in halves.items():
+        if not names:
+            raise FileNotFoundError(f"no class folders in {root / half}: images must sit in one sub-folder per class. "
+                                    f"Expected layout: {layout}")
+    classes = halves["train"]
+    if halves["test"] != classes:
+        only_train = sorted(set(classes) - set(halves["test"]))
+        only_test = sorted(set(halves["test"]) - set(classes))
         raise ValueError(
-            f"class folders differ between {root / 'train'} and {root / 'test'}: only in train "
-            f"{sorted(set(classes) - set(test_classes))}, only in test {sorted(set(test_classes) - set(classes))}"
+            f"class folders differ between {root / 'train'} and {root / 'test'}: only in train {only_train}, "
+            f"only in test {only_test}; every class needs a folder with images in both train/ and test/"
         )
+    class_to_idx = {c: i for i, c in enumerate(classes)}
 
     def part(half: str) -> ImageData:
-        samples = make_dataset(root / half, class_to_idx, extensions=IMG_EXTENSIONS)
+        samples: list[tuple[str, int]] = []
+        for c in classes:  # one class at a time: an empty class folder is named here, not by torchvision
+            try:
+                samples += make_dataset(root / half, {c: class_to_idx[c]}, extensions=IMG_EXTENSIONS)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(
+                    f"class folder {root / half / c} holds no images "
+                    f"(allowed extensions: {', '.join(IMG_EXTENSIONS)}); "
+                    f"every class needs images in both train/ and test/"
+                ) from err
         images = decode_images([p for p, _ in samples], image_size)
         return ImageData(images, _labels([c for _, c in samples]), list(classes))
 
@@ -377,7 +417,7 @@ def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None) -
             f"Tiny-ImageNet not found under {Path(root).expanduser()}: no wnids.txt there or in its "
             f"tiny-imagenet-200/ sub-folder. Expected layout: {layout}"
         )
-    wnids = sorted({line.strip() for line in (base / "wnids.txt").read_text().splitlines() if line.strip()})
+    wnids = sorted({line.strip() for line in _read_text(base / "wnids.txt").splitlines() if line.strip()})
     if not wnids:
         raise ValueError(f"{base / 'wnids.txt'} lists no classes")
     class_to_idx = {w: i for i, w in enumerate(wnids)}
@@ -388,6 +428,9 @@ def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None) -
         if not folder.is_dir():
             raise FileNotFoundError(f"Tiny-ImageNet class folder missing: {folder}. Expected layout: {layout}")
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+        if not files:
+            raise FileNotFoundError(f"Tiny-ImageNet class folder {folder} holds no images (.JPEG); every class in "
+                                    f"{base / 'wnids.txt'} needs training images. Expected layout: {layout}")
         train_paths += files
         train_labels += [class_to_idx[wnid]] * len(files)
 
@@ -395,7 +438,7 @@ def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None) -
     if not annotations.is_file():
         raise FileNotFoundError(f"Tiny-ImageNet validation labels missing: {annotations}. Expected layout: {layout}")
     test_paths, test_labels = [], []
-    for lineno, line in enumerate(annotations.read_text().splitlines(), 1):
+    for lineno, line in enumerate(_read_text(annotations).splitlines(), 1):
         if not line.strip():
             continue
         fields = line.split("\t")
@@ -403,6 +446,9 @@ def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None) -
             raise ValueError(f"{annotations}:{lineno}: expected '<file>\\t<wnid in wnids.txt>\\t...', got {line!r}")
         test_paths.append(base / "val" / "images" / fields[0])
         test_labels.append(class_to_idx[fields[1]])
+    if not test_paths:
+        raise ValueError(f"{annotations} lists no validation images; expected one line '<file>\\t<wnid>\\t...' per "
+                         f"image in {base / 'val' / 'images'}")
 
     return Split(
         ImageData(decode_images(train_paths, image_size), _labels(train_labels), wnids),
@@ -427,8 +473,9 @@ def load_ham10000(
     from sklearn.model_selection import train_test_split
 
     _check_image_size(image_size)
-    if not 0.0 < test_fraction < 1.0:
+    if not (is_number(test_fraction) and 0.0 < test_fraction < 1.0):
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
+    check_int("seed", seed, 0)
     base = _find_base(root, "HAM10000_metadata.csv", "ham10000")
     layout = "HAM10000_metadata.csv (lesion_id,image_id,dx,...) and images/ISIC_*.jpg or HAM10000_images_part_{1,2}/"
     if base is None:
@@ -437,12 +484,16 @@ def load_ham10000(
             f"ham10000/ sub-folder. Expected layout: {layout}"
         )
     metadata = base / "HAM10000_metadata.csv"
-    with open(metadata, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = {"image_id", "dx"} - set(reader.fieldnames or [])
-        if missing:
-            raise ValueError(f"{metadata} lacks the column(s) {sorted(missing)}; found {reader.fieldnames}")
-        rows = [(r["image_id"].strip(), r["dx"].strip()) for r in reader]
+    reader = csv.DictReader(io.StringIO(_read_text(metadata), newline=""))
+    if reader.fieldnames is None:
+        raise ValueError(f"{metadata} is empty; expected a header line with the columns image_id and dx. "
+                         f"Expected layout: {layout}")
+    missing = {"image_id", "dx"} - set(reader.fieldnames)
+    if missing:
+        raise ValueError(f"{metadata} lacks the column(s) {sorted(missing)}; found {reader.fieldnames}")
+    rows = [((r["image_id"] or "").strip(), (r["dx"] or "").strip()) for r in reader]
+    if not rows:
+        raise ValueError(f"{metadata} lists no images (a header line only). Expected layout: {layout}")
     class_to_idx = {c: i for i, c in enumerate(HAM10000_CLASSES)}
     unknown = sorted({dx for _, dx in rows} - set(class_to_idx))
     if unknown:
@@ -461,11 +512,22 @@ def load_ham10000(
             f"HAM10000: {len(absent)} image(s) listed in {metadata} not found in "
             f"{', '.join(str(base / s) for s in _HAM_IMAGE_DIRS)} (first: {absent[0]}.jpg)"
         )
-    images = decode_images([located[image_id] for image_id, _ in rows], image_size)
     labels = np.array([class_to_idx[dx] for _, dx in rows], dtype=np.int64)
-    train_idx, test_idx = train_test_split(
-        np.arange(len(labels)), test_size=test_fraction, random_state=seed, stratify=labels
-    )
+    counts = np.bincount(labels, minlength=len(HAM10000_CLASSES))
+    lonely = [HAM10000_CLASSES[c] for c in np.flatnonzero(counts == 1)]
+    if lonely:
+        raise ValueError(f"{metadata}: class(es) {lonely} have a single image; the split by class needs at least 2 "
+                         "images of every class present (one for train, one for test)")
+    try:
+        train_idx, test_idx = train_test_split(
+            np.arange(len(labels)), test_size=test_fraction, random_state=seed, stratify=labels
+        )
+    except ValueError as err:  # too few images for test_fraction to hold every class on both sides
+        raise ValueError(
+            f"cannot split the {len(labels)} images of {metadata} ({int((counts > 0).sum())} classes) by class with "
+            f"test_fraction={test_fraction}: {err}"
+        ) from err
+    images = decode_images([located[image_id] for image_id, _ in rows], image_size)
     train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
     classes = list(HAM10000_CLASSES)
     return Split(

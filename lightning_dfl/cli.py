@@ -1,11 +1,26 @@
-"""The command line: ``lightning-dfl fit --config configs/<file>.yaml`` through LightningCLI."""
+"""The command line: ``lightning-dfl fit --config configs/<file>.yaml`` through LightningCLI.
+
+An error about the user's input (a config value, an unknown name, a path, a data set, a checkpoint, YAML)
+ends the command with one line on stderr and exit code 2; ``--debug`` (anywhere on the command line) or
+``LIGHTNING_DFL_DEBUG=1`` shows the traceback instead. Ctrl-C prints how to resume, not a traceback.
+"""
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import importlib
+import os
+import re
 import sys
+import traceback
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from jsonargparse import DefaultHelpFormatter
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_dfl.analysis import SUBCOMMANDS
@@ -13,7 +28,113 @@ from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
+PROG = "lightning-dfl"
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "LIGHTNING_DFL_DEBUG"
+DEBUG_HINT = f"(run with {DEBUG_FLAG} for the traceback)"
 
+#: exceptions that describe bad input (config values, names, paths, data, checkpoints), not a bug
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                                                PermissionError, MisconfigurationException, argparse.ArgumentError)
+
+
+# -- help text --------------------------------------------------------------------------
+#: the allowed names of each choice: (module, attribute) of its registry or tuple, imported when help is shown
+_CHOICES = {
+    "dataset": ("lightning_dfl.datamodules.datasets", "DATASETS"),
+    "partition": ("lightning_dfl.datamodules.partition", "PARTITIONERS"),
+    "model": ("lightning_dfl.models", "MODELS"),
+    "topology": ("lightning_dfl.federation.topology", "TOPOLOGIES"),
+    "algorithm": ("lightning_dfl.federation.algorithms", "ALGORITHMS"),
+    "regrowth": ("lightning_dfl.sparse.rigl", "REGROWTH_MODES"),
+    "distribution": ("lightning_dfl.sparse.erk", "DISTRIBUTIONS"),
+    "clock_distribution": ("lightning_dfl.federation.clock", "DISTRIBUTIONS"),
+    "update_interval": ("lightning_dfl.callbacks.rigl", "UPDATE_INTERVALS"),
+}
+_FIXED_CHOICES = {"store_device": ["cpu", "worker"], "logger": ["true", "false", "csv", "tensorboard"]}
+
+
+def _allowed(kind: str) -> list[str]:
+    """The allowed names of a choice (registries sorted, tuples in their order, algorithms by class name)."""
+    if kind not in _CHOICES:
+        return _FIXED_CHOICES.get(kind, [])
+    module, attribute = _CHOICES[kind]
+    names = getattr(importlib.import_module(module), attribute)
+    if kind == "algorithm":
+        return [cls.__name__ for cls in names.values()]
+    return list(names) if isinstance(names, tuple) else sorted(names)
+
+
+#: documentation names (the last part of a Sphinx role's target) that stand for a list of allowed names
+_ROLE_KINDS = {"DATASETS": "dataset", "PARTITIONERS": "partition", "MODELS": "model", "available_models": "model",
+               "TOPOLOGIES": "topology", "ALGORITHMS": "algorithm", "REGROWTH_MODES": "regrowth"}
+_ROLE = re.compile(r"(?P<lead>\b(?:see|one of)\s+)?:(?:py:)?[a-z]+:`(?P<tilde>~?)(?P<target>[^`<]+?)(?:\s*<[^>]*>)?`")
+
+
+def _option_kind(dest: str) -> str | None:
+    """Which list of allowed names an option (``data.dataset``, ``trainer.algorithm.topology``, ...) takes."""
+    last = dest.rsplit(".", 1)[-1]
+    if last == "distribution":
+        return "clock_distribution" if ".clock." in f".{dest}" else "distribution"
+    if last == "arch":
+        return "model"
+    if dest in ("trainer.algorithm", "trainer.logger"):
+        return last
+    return last if last in ("dataset", "partition", "topology", "regrowth", "store_device", "update_interval") else None
+
+
+def plain_text(text: str) -> str:
+    """Docstring markup as plain text: a Sphinx role becomes its name (a registry's role the allowed names),
+    a ``literal`` loses its backticks."""
+
+    def role(match: re.Match) -> str:
+        target = match["target"].strip()
+        name = target.rsplit(".", 1)[-1].removesuffix("()")
+        kind = _ROLE_KINDS.get(name)
+        if name == "DISTRIBUTIONS":
+            kind = "clock_distribution" if "clock" in target else "distribution"
+        if kind is not None:
+            return "one of: " + ", ".join(_allowed(kind))
+        return (match["lead"] or "") + (name if match["tilde"] else target)
+
+    text = _ROLE.sub(role, text)
+    return re.sub(r"``([^`]*)``", r"\1", text)
+
+
+class HelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help without reStructuredText markup, naming the allowed values of every choice."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        original = action.help
+        if original != argparse.SUPPRESS:
+            text = plain_text(original or "").rstrip()
+            kind = _option_kind(action.dest)
+            names = _allowed(kind) if kind else []
+            if names and not all(re.search(rf"\b{re.escape(n)}\b", text) for n in names):
+                text = f"{text} Allowed: {', '.join(names)}." if text else f"one of: {', '.join(names)}."
+            action.help = text or original
+        try:
+            return super()._get_help_string(action)
+        finally:
+            action.help = original
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_text(text))
+
+    def start_section(self, heading: str | None) -> None:
+        super().start_section(plain_text(heading) if heading else heading)
+
+
+class FederatedArgumentParser(LightningArgumentParser):
+    """LightningArgumentParser whose help (also a subclass's ``--*.help``) is plain text with allowed values."""
+
+    def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("prog", PROG)
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
+# -- the fit command --------------------------------------------------------------------
 class FederatedCLI(LightningCLI):
     """LightningCLI whose trainer is :class:`FederatedTrainer` (not a ``Trainer`` subclass).
 
@@ -23,7 +144,12 @@ class FederatedCLI(LightningCLI):
     """
 
     def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
-        kwargs.setdefault("parser_kwargs", {"parser_mode": "omegaconf"} if _has_omegaconf() else {})
+        given = sys.argv[1:] if args is None else args
+        #: the command that started the run (the trainer's resume hint after Ctrl-C repeats it)
+        self.command_line = [PROG, *given] if isinstance(given, (list, tuple)) else None
+        kwargs["parser_kwargs"] = {**({"parser_mode": "omegaconf"} if _has_omegaconf() else {}),
+                                   **(kwargs.get("parser_kwargs") or {})}
+        kwargs.setdefault("parser_class", FederatedArgumentParser)
         super().__init__(
             model_class=SparseClassifier,
             datamodule_class=FederatedDataModule,
@@ -46,9 +172,20 @@ class FederatedCLI(LightningCLI):
         parser.add_lightning_class_args(self._model_class, "model")
         parser.add_lightning_class_args(self._datamodule_class, "data")
 
+    def _parse_ckpt_path(self) -> None:
+        """Nothing: LightningCLI would ``torch.load`` the file for a LightningModule's hyperparameters, which a
+        federation checkpoint does not hold; :meth:`FederatedTrainer.fit` reads and checks it."""
+
     def instantiate_trainer(self, **kwargs: Any) -> FederatedTrainer:
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        return self.trainer_class(**config)
+        try:
+            trainer = self.trainer_class(**config)
+        except Exception as err:
+            err._lightning_dfl_option = "trainer"  # type: ignore[attr-defined]
+            raise
+        if hasattr(trainer, "command_line"):
+            trainer.command_line = self.command_line
+        return trainer
 
     def before_fit(self) -> None:
         log_dir = self.trainer.log_dir
@@ -73,27 +210,292 @@ def _has_omegaconf() -> bool:
     return True
 
 
-USAGE = """usage: lightning-dfl {fit,schedule,cost,curves} ...
+# -- errors -----------------------------------------------------------------------------
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from (``__cause__``, else ``__context__``), outermost first."""
+    chain: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return chain
+
+
+def _frames(chain: Sequence[BaseException]) -> list[Any]:
+    """The frames of every traceback in ``chain``, outermost first."""
+    frames = []
+    for err in chain:
+        tb = err.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+    return frames
+
+
+def _in_jsonargparse(err: BaseException) -> bool:
+    """Whether ``err`` is one of jsonargparse's wrappers (raised in its code) rather than the original error."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return isinstance(err, argparse.ArgumentError) or (
+        bool(frames) and f"{os.sep}jsonargparse{os.sep}" in frames[-1].filename)
+
+
+def _own_folders() -> tuple[str, ...]:
+    """The folders of the project's packages (``lightning_dfl`` and its ``callbacks``, ``datamodules``)."""
+    import lightning_dfl.callbacks
+    import lightning_dfl.datamodules
+
+    packages = (lightning_dfl.callbacks, lightning_dfl.datamodules)
+    return (str(Path(__file__).parent) + os.sep, *(str(Path(p.__file__).parent) + os.sep for p in packages))
+
+
+def _is_validation(err: BaseException) -> bool:
+    """A ``TypeError`` the project raised on purpose (``raise TypeError(...)`` in its own code), not a bug."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return (isinstance(err, TypeError) and bool(frames) and frames[-1].filename.startswith(_own_folders())
+            and (frames[-1].line or "").startswith("raise"))
+
+
+def _is_device_setting(err: BaseException) -> bool:
+    """An error of Lightning's accelerator/precision connector: a device (or its package) the machine lacks."""
+    connectors = (f"fabric{os.sep}connector.py", f"connectors{os.sep}accelerator_connector.py")
+    return isinstance(err, (RuntimeError, ImportError)) and any(
+        frame.filename.endswith(connectors) for frame in traceback.extract_tb(err.__traceback__))
+
+
+def _is_about_input(err: BaseException, parsing: bool) -> bool:
+    """Whether ``err`` itself (not what wraps it) describes bad input; ``parsing``: jsonargparse wrapped it."""
+    if isinstance(err, USER_ERRORS) or _is_validation(err) or _is_device_setting(err):
+        return True
+    # while parsing: a class path naming a module that is not there, a YAML syntax error
+    return parsing and (isinstance(err, ImportError) or type(err).__module__.startswith("yaml."))
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether ``err`` is about the user's input (config, names, paths, data, checkpoints, devices), not a bug.
+
+    Decided by the outermost exception raised outside jsonargparse (jsonargparse wraps whatever a class's
+    ``__init__`` raises, a bug too); an error of jsonargparse's own (a value it could not parse) is input.
+    """
+    chain = _chain(err)
+    raised = [e for e in chain if not _in_jsonargparse(e)]
+    if raised:
+        return _is_about_input(raised[0], parsing=raised[0] is not err)
+    return isinstance(err, (*USER_ERRORS, TypeError))
+
+
+def _option(chain: Sequence[BaseException], frames: Sequence[Any]) -> str | None:
+    """The config key that was being parsed or instantiated: from jsonargparse's messages, else its frames."""
+    keys = [k for e in chain for k in re.findall(r'Parser key "([^"]+)"', str(e))]
+    if keys:
+        return ".".join(dict.fromkeys(keys))
+    option = next((o for e in chain if (o := getattr(e, "_lightning_dfl_option", None))), None)
+    for frame in frames:
+        for name in ("self", "component"):
+            holder = frame.f_locals.get(name)
+            dest = getattr(holder, "dest", None)
+            if (isinstance(holder, (argparse.Action, argparse._ArgumentGroup)) and isinstance(dest, str)
+                    and dest[:1].isalpha() and dest != "help"):
+                option = dest
+    return option
+
+
+def _config_file(frames: Sequence[Any]) -> str | None:
+    """The config file being read, if the error happened while reading one."""
+    paths = [frame.f_locals.get("path") for frame in frames if frame.f_code.co_name == "parse_path"]
+    return str(paths[-1]) if paths else None
+
+
+#: what a class-valued option accepts by short name, for an unknown class
+_CLASS_OPTIONS = {"trainer.algorithm": "algorithm",
+                  "trainer.callbacks": ("RigL, PruningTimeVoting, PQIPruning (lightning_dfl.callbacks) or a Lightning "
+                                        "callback's import path"),
+                  "trainer.clock": "Clock (lightning_dfl.federation.clock)"}
+
+
+def _unknown_class(option: str | None, value: str) -> str:
+    kind = _CLASS_OPTIONS.get((option or "").removesuffix(".help"), "")
+    allowed = ", ".join(_allowed(kind)) if kind == "algorithm" else kind
+    return f"unknown class {value!r}; " + (f"allowed: {allowed}" if allowed else "give a class name or import path")
+
+
+def _class_options(class_path: str) -> str:
+    """``class_path``'s init arguments, for an option it does not accept."""
+    import inspect
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    except Exception:  # only a hint: without it the message still names the refused option
+        return ""
+    names = [p for p, spec in parameters.items() if spec.kind not in (spec.VAR_POSITIONAL, spec.VAR_KEYWORD)]
+    return f"; {class_path.rsplit('.', 1)[-1]} takes: {', '.join(names)}" if names else ""
+
+
+def _suggest(given: Sequence[str], frames: Sequence[Any]) -> str:
+    """'did you mean' for unknown options (``--data.batchsize`` or ``trainer.roundz``), from the refusing parser."""
+    parsers = [f.f_locals["self"] for f in frames if isinstance(f.f_locals.get("self"), argparse.ArgumentParser)]
+    for parser in list(parsers):  # a subcommand's options are checked by the main parser
+        subcommands = getattr(parser, "_subcommands_action", None)
+        parsers += list(getattr(subcommands, "_name_parser_map", {}).values())
+    known = {o for p in parsers for o in p._option_string_actions if o.startswith("--")}
+    close = []
+    for option in given:
+        dashes = "--" if option.startswith("--") else ""
+        group, _, name = option.split("=", 1)[0].removeprefix("--").rpartition(".")
+        siblings = {o.rpartition(".")[2]: o[2:] for o in known if o[2:].rpartition(".")[0] == group}
+        close += [dashes + siblings[m] for m in difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)]
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def error_message(err: BaseException) -> str:
+    """One line about a user error: the original message (not jsonargparse's wrappers), with its option."""
+    chain = _chain(err)
+    frames = _frames(chain)
+    option = _option(chain, frames)
+    config = _config_file(frames)
+    texts = "\n".join(str(e) for e in chain)
+    root = chain[-1]
+    class_path = re.search(r"Problem with given class_path '([^']+)'", texts)
+    import_path = re.search(r"Expected a dot import path string: (\S+)", texts)
+    type_error = re.search(r"Expected an? <class '(\w+)'>\. Got value: (.*)", texts)
+    own = [e for e in chain if not _in_jsonargparse(e)
+           and (isinstance(e, USER_ERRORS) or _is_validation(e) or _is_device_setting(e))]
+    try:
+        import yaml
+
+        yaml_error = next((e for e in chain if isinstance(e, yaml.YAMLError)), None)
+    except ImportError:  # pragma: no cover - jsonargparse needs PyYAML
+        yaml_error = None
+    if yaml_error is not None:
+        mark = getattr(yaml_error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(p) for p in (getattr(yaml_error, "context", None), getattr(yaml_error, "problem", None))
+                           if p) or str(yaml_error)
+        message, option = f"YAML syntax error{where}: {problem}", None
+    elif own:
+        source = own[-1]
+        message = str(source.args[0]) if isinstance(source, KeyError) and source.args else str(source)
+        if isinstance(source, OSError) and source.filename and (message.startswith("[Errno")
+                                                                 or str(source.filename) not in message):
+            message = f"{source.strerror or message}: {str(source.filename)!r}"
+        message = message.strip() or type(source).__name__
+    elif (isinstance(root, (ImportError, AttributeError)) and class_path) or import_path:
+        message = _unknown_class(option, (import_path or class_path)[1])  # type: ignore[index]
+    elif type_error is not None:
+        message = f"expected {type_error[1]}, got {type_error[2].strip()!r}"
+    else:
+        message = next((line.strip(" -") for line in str(root).splitlines() if line.strip(" -")), str(root).strip())
+        if "not accepted" in message and class_path:
+            message += _class_options(class_path[1])
+        if message.startswith("unrecognized arguments"):
+            given = [a for a in message.split(":", 1)[-1].split() if a.startswith("--")]
+            message, option = message + _suggest(given, frames), None
+        if "does not accept option" in message:
+            message += _suggest(re.findall(r"option '([^']+)'", message)[-1:], frames)
+        if message.startswith("Unexpected config"):
+            message, option = "a config file must hold a mapping of options (key: value) at its top level", None
+        message = re.sub(r'^Parser key "[^"]+":\s*', "", message)
+    if option and not re.search(rf"(?<![\w.]){re.escape(option)}(?!\w)", message):
+        message = f"{option}: {message}"
+    if config and config not in message:
+        message = f"{config}: {message}"
+    return " ".join(message.split())
+
+
+def _fail(message: str) -> NoReturn:
+    sys.stderr.write(f"{PROG}: error: {message} {DEBUG_HINT}\n")
+    raise SystemExit(2)
+
+
+def _interrupted(err: KeyboardInterrupt) -> NoReturn:
+    """Ctrl-C / SIGTERM: what the trainer saved and the command that resumes (if it says), no traceback."""
+    what = " ".join(str(err).split())
+    hint = str(getattr(err, "resume_hint", "") or "").strip()
+    sys.stderr.write(f"\n{PROG}: interrupted{': ' + what if what else ''}\n")
+    if hint:
+        sys.stderr.write(f"resume with: {hint}\n")
+    raise SystemExit(getattr(err, "exit_code", 130))
+
+
+def _debug(args: list[str]) -> tuple[list[str], bool]:
+    """``args`` without ``--debug``, and whether tracebacks are wanted (the flag or ``LIGHTNING_DFL_DEBUG``)."""
+    env = os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return [a for a in args if a != DEBUG_FLAG], env or DEBUG_FLAG in args
+
+
+def version() -> str:
+    """The installed distribution's version (the package's ``__version__`` when not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("lightning-dfl")
+    except PackageNotFoundError:
+        from lightning_dfl import __version__
+
+        return __version__
+
+
+# -- entry point ------------------------------------------------------------------------
+USAGE = """usage: lightning-dfl {fit,schedule,cost,curves} ... [--debug] [--version]
 
   fit       train a federation: lightning-dfl fit --config configs/dispfl_digits.yaml (fit --help)
   schedule  DA-DPFL dynamic aggregation: parallelism and delay against M and N (Figs. 8-9)
   cost      C_total(theta) cost curves of finished runs (DA-DPFL Sec. VI-A5)
   curves    plot logged metrics against the round for finished runs (needs .[plots])
+
+  --debug   show the full traceback of an error (also LIGHTNING_DFL_DEBUG=1)
+  --version print the version
 """
 
+COMMANDS = ("fit", *SUBCOMMANDS)
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``lightning-dfl`` console script."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE)
-        return
+
+def _command_error(first: str) -> NoReturn:
+    """An unknown subcommand, or an option before any: name the subcommands, one line each."""
+    if first.startswith("-"):
+        message = f"the subcommand comes first ({PROG} fit {first} ...)"
+    else:
+        close = difflib.get_close_matches(first, COMMANDS, n=1)
+        message = f"unknown subcommand {first!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+    listing = "\n".join(line for line in USAGE.splitlines() if re.match(r"  [a-z]", line))
+    sys.stderr.write(f"{PROG}: error: {message}; allowed: {', '.join(COMMANDS)}\n{listing}\n")
+    raise SystemExit(2)
+
+
+def _run(args: list[str]) -> None:
     if args[0] in SUBCOMMANDS:
         from jsonargparse import CLI
 
-        CLI(SUBCOMMANDS[args[0]], args=args[1:])
+        CLI(SUBCOMMANDS[args[0]], args=args[1:], exit_on_error=False, formatter_class=HelpFormatter,
+            prog=f"{PROG} {args[0]}")
         return
-    FederatedCLI(args=None if argv is None else args)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        FederatedCLI(args=args, parser_kwargs={"exit_on_error": False, "prog": PROG})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``lightning-dfl`` console script: one line (exit code 2) for bad input."""
+    args, debug = _debug(list(sys.argv[1:] if argv is None else argv))
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    if args[0] in ("--version", "-V"):
+        print(f"{PROG} {version()}")
+        return
+    if args[0] not in COMMANDS:
+        _command_error(args[0])
+    try:
+        _run(args)
+    except KeyboardInterrupt as err:
+        if debug:
+            raise
+        _interrupted(err)
+    except Exception as err:
+        if debug or not is_user_error(err):
+            raise
+        _fail(error_message(err))
 
 
 if __name__ == "__main__":

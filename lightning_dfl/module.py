@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_dfl.checks import check_int, is_int, is_number
 from lightning_dfl.models import available_models, build_model
 from lightning_dfl.models import model_options as builder_options
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
@@ -18,6 +20,39 @@ from lightning_dfl.sparse.masks import Masks, ModelMask, maskable_parameters
 
 #: name parts of the 1x1 shortcut convolutions of ResNets
 SHORTCUT_NAMES = ("downsample", "shortcut")
+#: the sizes a model is built for, in the order of :attr:`SparseClassifier.input_spec`
+_SPEC_NAMES = ("num_classes", "in_channels", "image_size")
+
+
+def _check_real(name: str, value: object, low: float, high: float | None = None,
+                low_open: bool = False, high_open: bool = False) -> float:
+    """``value`` as a float if it is a finite number in the interval; else ValueError naming it."""
+    ok = is_number(value) and (value > low if low_open else value >= low)
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if ok:
+        return float(value)
+    if high is None:
+        allowed = f"a finite number {'>' if low_open else '>='} {low:g}"
+    else:
+        allowed = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _mismatch(name: str, given: int | None, built: int | None, theirs: int, data: str) -> str:
+    """``model.<name>=<given> but <data> has <theirs> ...``; for a model built for other data
+    without sizes given, ``the model was built for <name>=<built> but ...``."""
+    if name == "num_classes":
+        what = f"{theirs} classes"
+    elif name == "in_channels":
+        what = f"{theirs} channel(s) per image"
+    else:
+        what = f"images of {theirs}x{theirs} pixels"
+        if given is not None:
+            what += f" (data.image_size={given} resizes them)"
+    if given is None:
+        return f"the model was built for {name}={built} but {data} has {what}"
+    return f"model.{name}={given} but {data} has {what}"
 
 
 class SparseClassifier(LightningModule):
@@ -30,7 +65,8 @@ class SparseClassifier(LightningModule):
     Args:
         arch: model builder name (see :func:`lightning_dfl.models.available_models`).
         num_classes, in_channels, image_size: the input and output sizes; left ``None`` they are
-            taken from the datamodule when training starts.
+            taken from the datamodule when training starts. Given, they must equal the data's:
+            a model for 5 classes is refused on 10-class data, not silently rebuilt.
         density: initial share of active weights over the masked set, in (0, 1]; 1 is dense.
         distribution: how the density is spread over layers, ``"erk"`` or ``"uniform"``.
         erk_power_scale: exponent of the ERK score.
@@ -41,7 +77,8 @@ class SparseClassifier(LightningModule):
             BatchNorm; see :func:`lightning_dfl.models.model_options`).
         lr: SGD learning rate at round (or epoch) 0.
         lr_decay: multiplicative decay per round (federation) or per epoch (plain ``Trainer``).
-        momentum, weight_decay: SGD settings (papers: momentum 0, weight decay 5e-4).
+        momentum, weight_decay: SGD settings, momentum in [0, 1), weight decay >= 0 (papers: momentum 0,
+            weight decay 5e-4).
         seed: seed of the initial weights and the initial mask.
     """
 
@@ -64,24 +101,34 @@ class SparseClassifier(LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if arch not in available_models():
+        if not isinstance(arch, str) or arch not in available_models():
             raise ValueError(f"unknown arch {arch!r}; allowed: {', '.join(available_models())}")
+        if model_options is not None and not isinstance(model_options, Mapping):
+            raise ValueError(f"model_options must be a mapping of option names to values or None, "
+                             f"got {model_options!r}")
         unknown = sorted(set(model_options or {}) - set(builder_options(arch)))
         if unknown:
             raise ValueError(f"model {arch!r} has no option(s) {unknown}; its options are {builder_options(arch)}")
-        if not 0.0 < density <= 1.0:
-            raise ValueError(f"density must be in (0, 1], got {density}")
+        _check_real("density", density, 0.0, 1.0, low_open=True)
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"unknown distribution {distribution!r}; allowed: {', '.join(DISTRIBUTIONS)}")
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if not 0.0 < lr_decay <= 1.0:
-            raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay}")
-        if momentum < 0 or weight_decay < 0:
-            raise ValueError(f"momentum and weight_decay must be >= 0, got {momentum} and {weight_decay}")
+        _check_real("erk_power_scale", erk_power_scale, 0.0)
+        if not isinstance(mask_shortcuts, bool):
+            raise ValueError(f"mask_shortcuts must be True or False, got {mask_shortcuts!r}")
+        if mask_exclude is not None and (isinstance(mask_exclude, str) or not isinstance(mask_exclude, (list, tuple))
+                                         or not all(isinstance(p, str) and p for p in mask_exclude)):
+            raise ValueError(f"mask_exclude must be a list of non-empty name parts (e.g. ['fc']) or None, "
+                             f"got {mask_exclude!r}")
+        _check_real("lr", lr, 0.0, low_open=True)
+        _check_real("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
+        _check_real("momentum", momentum, 0.0, 1.0, high_open=True)
+        _check_real("weight_decay", weight_decay, 0.0)
         for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("image_size", image_size)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+            if value is not None and not (is_int(value) and value >= 1):
+                raise ValueError(f"{name} must be an integer >= 1, or None to take it from the data; got {value!r}")
+        check_int("seed", seed, 0)
+        #: the sizes given here (None: take them from the data); ``build`` refuses data that differs
+        self._requested_spec = (num_classes, in_channels, image_size)
         self.save_hyperparameters()
         self.model: nn.Module | None = None
         self.mask: ModelMask | None = None
@@ -94,13 +141,28 @@ class SparseClassifier(LightningModule):
     def is_built(self) -> bool:
         return self.model is not None
 
-    def build(self, num_classes: int, in_channels: int, image_size: int) -> None:
-        """Build the model, its initial mask and FLOPs profile (idempotent for equal sizes)."""
+    def build(self, num_classes: int, in_channels: int, image_size: int, data: str = "the data") -> None:
+        """Build the model, its initial mask and FLOPs profile for data of these sizes.
+
+        Idempotent for equal sizes. Sizes given to the constructor must match the data's:
+        otherwise (and for a model already built for other sizes) a ValueError names both,
+        ``data`` naming the data in the message (e.g. ``"the data set digits"``).
+        """
+        wanted = (num_classes, in_channels, image_size)
+        for name, value in zip(_SPEC_NAMES, wanted):
+            if not (is_int(value) and value >= 1):
+                raise ValueError(f"{data} gives {name}={value!r}; it must be an integer >= 1")
+        built = self.input_spec if self.model is not None else (None, None, None)
+        clashes = [_mismatch(name, given, mine, theirs, data)
+                   for name, given, mine, theirs in zip(_SPEC_NAMES, self._requested_spec, built, wanted)
+                   if (mine if mine is not None else given) not in (None, theirs)]
+        if clashes:
+            given = [f"model.{name}" for name, mine, theirs in zip(_SPEC_NAMES, self._requested_spec, wanted)
+                     if mine not in (None, theirs)]
+            hint = (f"leave {' and '.join(given)} unset (None) to take {'it' if len(given) == 1 else 'them'} "
+                    "from the data" if given else "build a new model for this data")
+            raise ValueError(f"{'; '.join(clashes)}; {hint}")
         if self.model is not None:
-            wanted = (num_classes, in_channels, image_size)
-            if wanted != self.input_spec:
-                raise ValueError(f"model was built for (classes, channels, size) = {self.input_spec}, "
-                                 f"the data needs {wanted}")
             return
         hp = self.hparams
         hp.num_classes, hp.in_channels, hp.image_size = num_classes, in_channels, image_size
@@ -148,7 +210,13 @@ class SparseClassifier(LightningModule):
                 raise ValueError("SparseClassifier needs num_classes, in_channels and image_size, "
                                  "or a datamodule that provides them")
             dm.setup(stage)
-            self.build(dm.num_classes, dm.in_channels, dm.image_size)
+            self.build_for(dm)
+
+    def build_for(self, datamodule: Any) -> None:
+        """:meth:`build` for ``datamodule``'s sizes, naming its data set in a mismatch error."""
+        name = getattr(datamodule, "dataset", None)
+        data = f"the data set {name}" if isinstance(name, str) else "the data"
+        self.build(datamodule.num_classes, datamodule.in_channels, datamodule.image_size, data=data)
 
     # -- accounting --------------------------------------------------------------------
     def forward_flops(self) -> float:

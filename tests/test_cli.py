@@ -68,8 +68,9 @@ def test_cost_subcommand_compares_finished_runs(tmp_path, capsys):
     main(["cost", f"--runs=[{a.trainer.log_dir},{b.trainer.log_dir}]", "--thetas=[0.0,1.0]"])
     out = capsys.readouterr().out
     assert "theta" in out and "vs" in out
-    with pytest.raises(FileNotFoundError, match="no metrics.csv"):
+    with pytest.raises(SystemExit, match="2"):
         main(["cost", f"--runs=[{tmp_path / 'nope'}]"])
+    assert "no metrics.csv" in capsys.readouterr().err
 
 
 def test_top_level_usage_lists_subcommands(capsys):

@@ -405,3 +405,124 @@ def test_load_dataset_missing_data_uses_default_root(tmp_path, monkeypatch):
     assert ds.default_data_root() == tmp_path / "data"
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "data")):
         load_dataset("cifar100")
+
+
+# ----------------------------------------------------------------------------- bad data on disk
+
+
+@pytest.mark.parametrize("case, error, message", [
+    ("missing", FileNotFoundError,
+     "image folder not found: {root} does not exist. Expected layout: {root}/train/<class>/"),
+    ("a file", FileNotFoundError, "image folder not found: {root} is not a folder. Expected layout:"),
+    ("empty", FileNotFoundError, "image folder not found: {root}/train is missing. Expected layout:"),
+    ("flat", FileNotFoundError, "no class folders in {root}/train: images must sit in one sub-folder per class. "
+                                "Expected layout: {root}/train/<class>/<image>"),
+    ("class only in test", ValueError, "class folders differ between {root}/train and {root}/test: only in train [], "
+                                       "only in test ['dog']; every class needs a folder with images in both train/ "
+                                       "and test/"),
+    ("class images only in test", FileNotFoundError, "class folder {root}/train/bee holds no images (allowed "
+                                                     "extensions: .jpg, "),
+    ("class images only in train", FileNotFoundError, "class folder {root}/test/bee holds no images"),
+], ids=["missing", "a-file", "empty", "flat", "class-only-in-test", "class-images-only-in-test",
+        "class-images-only-in-train"])
+def test_image_folder_layout_errors_name_the_path(tmp_path, case, error, message):
+    """Each case fails while loading, before any training, naming the path and the expected layout."""
+    root = tmp_path / "data"
+    if case == "a file":
+        root.write_text("not a folder")
+    elif case == "empty":
+        root.mkdir()
+    elif case == "flat":
+        _write_jpeg(root / "train" / "0.jpg", _solid(COLOURS[0], 8, 8))
+        _write_jpeg(root / "test" / "0.jpg", _solid(COLOURS[0], 8, 8))
+    elif case != "missing":
+        _write_image_folder(root)
+        if case == "class only in test":
+            _write_jpeg(root / "test" / "dog" / "0.jpg", _solid(COLOURS[0], 8, 8))
+        else:
+            half = "train" if case == "class images only in test" else "test"
+            for image in (root / half / "bee").iterdir():
+                image.unlink()
+    with pytest.raises(error) as err:
+        load_image_folder(root)
+    assert message.format(root=root) in str(err.value)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a jpeg", "truncated"], ids=["empty", "foreign", "truncated"])
+def test_a_corrupt_image_is_named_with_its_path(tmp_path, content):
+    _write_image_folder(tmp_path)
+    bad = tmp_path / "train" / "bee" / "0001.jpg"
+    bytes_ = bad.read_bytes()
+    bad.write_bytes(bytes_[: len(bytes_) // 2] if content == "truncated" else content)
+    with pytest.raises(ValueError) as err:
+        load_image_folder(tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"cannot decode image {bad} (") and ".cpp" not in message  # torchvision's reason
+    assert message.endswith("the file is corrupt or not an image (jpeg, png, webp or gif); replace or delete it")
+
+
+def test_tiny_imagenet_bad_files_are_named(tmp_path):
+    base = _write_tiny_imagenet(tmp_path)
+    (base / "val" / "images" / "val_1.JPEG").write_bytes(b"\xff\xd8 broken")
+    with pytest.raises(ValueError, match=f"cannot decode image {base / 'val' / 'images' / 'val_1.JPEG'}"):
+        load_tiny_imagenet(base)
+    (base / "val" / "val_annotations.txt").write_text("\n")
+    with pytest.raises(ValueError, match="val_annotations.txt lists no validation images"):
+        load_tiny_imagenet(base)
+    (base / "val" / "val_annotations.txt").write_bytes(b"\xff\xfe\x00\x01")
+    with pytest.raises(ValueError, match="val_annotations.txt is not a text file"):
+        load_tiny_imagenet(base)
+    for image in (base / "train" / "n02000000" / "images").iterdir():
+        image.unlink()
+    with pytest.raises(FileNotFoundError) as err:
+        load_tiny_imagenet(base)
+    assert str(err.value).startswith(f"Tiny-ImageNet class folder {base / 'train' / 'n02000000' / 'images'} holds "
+                                     f"no images (.JPEG); every class in {base / 'wnids.txt'} needs training images")
+    (base / "wnids.txt").write_bytes(b"\x89PNG\xff")
+    with pytest.raises(ValueError, match="wnids.txt is not a text file"):
+        load_tiny_imagenet(base)
+
+
+def test_ham10000_bad_metadata_and_images_are_named(tmp_path):
+    _write_ham(tmp_path, per_class=5)
+    metadata = tmp_path / "HAM10000_metadata.csv"
+    bad = tmp_path / "images" / "ISIC_0000005.jpg"
+    bad.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"cannot decode image {bad} "):
+        load_ham10000(tmp_path, image_size=8)
+    rows = metadata.read_text().splitlines()
+    dropped = {f",ISIC_{n:07d}," for n in range(1, 5)}  # akiec keeps one of its 5 images
+    metadata.write_text("\n".join(r for r in rows if not any(d in r for d in dropped)) + "\n")
+    with pytest.raises(ValueError) as err:
+        load_ham10000(tmp_path, image_size=8)
+    assert str(err.value) == (f"{metadata}: class(es) ['akiec'] have a single image; the split by class needs at "
+                              "least 2 images of every class present (one for train, one for test)")
+    metadata.write_text(rows[0] + "\n")
+    with pytest.raises(ValueError, match="HAM10000_metadata.csv lists no images"):
+        load_ham10000(tmp_path)
+    metadata.write_text("")
+    with pytest.raises(ValueError, match="HAM10000_metadata.csv is empty; expected a header line"):
+        load_ham10000(tmp_path)
+    metadata.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ValueError, match="HAM10000_metadata.csv is not a text file"):
+        load_ham10000(tmp_path)
+    with pytest.raises(ValueError, match=r"test_fraction must lie in \(0, 1\), got nan"):
+        load_ham10000(tmp_path, test_fraction=float("nan"))
+
+
+def test_ham10000_too_few_images_for_the_test_fraction(tmp_path):
+    _write_ham(tmp_path, per_class=2)  # 14 images of 7 classes: 10% is 2 test images, fewer than the classes
+    with pytest.raises(ValueError, match=r"cannot split the 14 images of .*HAM10000_metadata.csv \(7 classes\) by "
+                                         r"class with test_fraction=0.1"):
+        load_ham10000(tmp_path, image_size=8, test_fraction=0.1)
+
+
+def test_mnist_foreign_files_are_a_clear_error(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in ds._MNIST_FILES:
+        (raw / name).write_bytes(b"\x00\x00\x20\x01" + bytes(60))  # not an idx magic number
+    with pytest.raises(ValueError) as err:
+        load_mnist(tmp_path)
+    assert f"MNIST under {tmp_path} is corrupt or not the official files (torchvision: " in str(err.value)
+    assert "download=True" in str(err.value)

@@ -118,7 +118,7 @@ def test_missing_matplotlib_says_how_to_install(monkeypatch, tmp_path, capsys):
     with pytest.raises(ImportError, match=r"plots need matplotlib: pip install -e '\.\[plots\]'"):
         plot_cost_curves({"a": _curve(1.0, 2.0)}, tmp_path / "c.png")
     with pytest.raises(ImportError, match="plots need matplotlib"):  # before any simulation
-        main(["schedule", "--num_clients=6", "--neighbors=[2]", "--max_waits=[1]", "--rounds=5",
+        main(["--debug", "schedule", "--num_clients=6", "--neighbors=[2]", "--max_waits=[1]", "--rounds=5",
               f"--plot={tmp_path / 's.png'}"])
     assert capsys.readouterr().out == ""
     main(["schedule", "--num_clients=6", "--neighbors=[2]", "--max_waits=[1]", "--rounds=5"])  # tables need none
@@ -145,7 +145,7 @@ def test_cost_subcommand_saves_figure(tmp_path, capsys):
     assert "dadpfl/version_0 vs dispfl/version_0" in text and f"figure: {out}" in text
     assert _png(out) == (700, 450)
     with pytest.raises(ValueError, match=r"\.png"):  # a bad suffix fails before the runs are read
-        main(["cost", f"--runs=[{a}]", f"--plot={tmp_path / 'cost.bmpx'}"])
+        main(["--debug", "cost", f"--runs=[{a}]", f"--plot={tmp_path / 'cost.bmpx'}"])
 
 
 def test_curves_subcommand_reads_csvlogger_rows(tmp_path, monkeypatch, capsys):
@@ -173,12 +173,12 @@ def test_curves_subcommand_reads_csvlogger_rows(tmp_path, monkeypatch, capsys):
 def test_curves_subcommand_errors(tmp_path):
     run = _run(tmp_path / "dadpfl" / "version_0")
     with pytest.raises(ValueError, match=r"no column\(s\) \['acc/nope'\]; its columns are \[.*'acc/headline'"):
-        main(["curves", f"--runs=[{run}]", "--metrics=[acc/nope]", f"--plot={tmp_path / 'c.png'}"])
+        main(["--debug", "curves", f"--runs=[{run}]", "--metrics=[acc/nope]", f"--plot={tmp_path / 'c.png'}"])
     with pytest.raises(FileNotFoundError, match="no metrics.csv"):
-        main(["curves", f"--runs=[{tmp_path / 'nope'}]", f"--plot={tmp_path / 'c.png'}"])
+        main(["--debug", "curves", f"--runs=[{tmp_path / 'nope'}]", f"--plot={tmp_path / 'c.png'}"])
     with pytest.raises(ValueError, match="curves needs --runs"):
-        main(["curves", f"--plot={tmp_path / 'c.png'}"])
+        main(["--debug", "curves", f"--plot={tmp_path / 'c.png'}"])
     empty = _run(tmp_path / "empty" / "version_0", "round,acc/headline\n0,\n")
     with pytest.raises(ValueError, match="'acc/headline' column but no round with a value"):
-        main(["curves", f"--runs=[{empty}]", "--metrics=[acc/headline]", f"--plot={tmp_path / 'c.png'}"])
+        main(["--debug", "curves", f"--runs=[{empty}]", "--metrics=[acc/headline]", f"--plot={tmp_path / 'c.png'}"])
     assert not (tmp_path / "c.png").exists()

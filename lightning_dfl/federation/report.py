@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -108,13 +110,27 @@ class RoundReporter:
 
     @staticmethod
     def update_best(metrics: dict[str, float], history: list[dict[str, float]], headline: str) -> None:
-        """Add ``acc/headline`` (the personal or the consensus mean) and ``acc/best`` so far."""
-        key = "acc/consensus_mean" if headline == "consensus" else "acc/personal_mean"
+        """Add ``acc/headline`` (the personal or consensus mean, or the global model's accuracy on the
+        official test split) and ``acc/best`` so far."""
+        key = {"consensus": "acc/consensus_mean", "global": "acc/global"}.get(headline, "acc/personal_mean")
         if key in metrics:
             metrics["acc/headline"] = metrics[key]
         previous = [m["acc/headline"] for m in history if "acc/headline" in m]
         if "acc/headline" in metrics or previous:
             metrics["acc/best"] = max(previous + ([metrics["acc/headline"]] if "acc/headline" in metrics else []))
+
+
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +-inf) inside dicts and lists replaced by ``None``
+    (numpy floats become plain floats)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 @dataclass
@@ -156,7 +172,9 @@ class RunSummary:
         )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        """The summary as strict JSON: a value that is not a finite number (e.g. the accuracy of a run
+        that never evaluated) is written as ``null``, never as the invalid tokens ``NaN``/``Infinity``."""
+        return json.dumps(_finite_or_null(asdict(self)), indent=2, allow_nan=False)
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "summary.json"
