@@ -1,7 +1,7 @@
 """The federated data module: a data set split over clients, with personal test sets.
 
 Protocol (DisPFL App. B.1, DA-DPFL Sec. VI-A): the official training split is partitioned over
-``num_clients`` clients (Dirichlet, pathological or IID); each client's test set holds
+``num_clients`` clients (Dirichlet, pathological, ExDir or IID); each client's test set holds
 ``test_samples_per_client`` samples of the official test split drawn with the client's
 training label proportions. Clients read mini-batches straight from tensors decoded once: a
 client's images are normalised once per :meth:`~FederatedDataModule.client_train_batches`
@@ -150,10 +150,10 @@ class FederatedDataModule(L.LightningDataModule):
         root: data root (default ``$LIGHTNING_DFL_DATA`` or ``~/.cache/lightning-dfl``).
         num_clients: number of clients K.
         partition: one of :data:`~lightning_dfl.datamodules.partition.PARTITIONERS`.
-        alpha: Dirichlet concentration (``partition="dirichlet"`` or ``"dirichlet_equal"``).
-        classes_per_client: classes per client (``partition="pathological"``).
-        min_size: least training samples per client (``partition="dirichlet"``).
-        test_samples_per_client: size of each client's personal test set (DisPFL: 100).
+        alpha: Dirichlet concentration (``partition="dirichlet"``, ``"dirichlet_equal"`` or ``"exdir"``).
+        classes_per_client: classes per client (``partition="pathological"``; at most, ``"exdir"``).
+        min_size: least training samples per client (``partition="dirichlet"`` or ``"exdir"``).
+        test_samples_per_client: size of each client's personal test set, >= 1 (DisPFL: 100).
         batch_size: training batch size (DisPFL: 128).
         eval_batch_size: evaluation batch size.
         augment: random crop (padding 4) + horizontal flip; ``None``: on except for digits/mnist.
@@ -161,7 +161,8 @@ class FederatedDataModule(L.LightningDataModule):
         seed: seeds the partition and the personal test sets.
         download: let torchvision download mnist/cifar10/cifar100/svhn (needs network access).
         max_train_samples: if set, a stratified, seeded subset of this many training samples is
-            partitioned instead of the whole training split (quick runs on large data sets).
+            partitioned instead of the whole training split (quick runs on large data sets); at least
+            ``num_clients`` and the number of classes, at most the split's size.
     """
 
     def __init__(
@@ -192,7 +193,11 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
         check_int("classes_per_client", classes_per_client, 1)
         check_int("min_size", min_size, 0)
-        check_int("test_samples_per_client", test_samples_per_client, 0)
+        if not (is_int(test_samples_per_client) and test_samples_per_client >= 1):
+            raise ValueError(
+                f"test_samples_per_client must be an integer >= 1 (each client's accuracy, the run's headline "
+                f"number, is measured on its personal test set), got {test_samples_per_client!r}"
+            )
         check_int("batch_size", batch_size, 1)
         check_int("eval_batch_size", eval_batch_size, 1)
         if augment is not None and not isinstance(augment, bool):
@@ -210,8 +215,11 @@ class FederatedDataModule(L.LightningDataModule):
         self.dataset, self.root, self.num_clients = dataset, root, num_clients
         self.partition, self.alpha, self.classes_per_client = partition, float(alpha), classes_per_client
         self.min_size, self.test_samples_per_client = min_size, test_samples_per_client
-        if max_train_samples is not None:
-            check_int("max_train_samples", max_train_samples, num_clients)
+        if max_train_samples is not None and not (is_int(max_train_samples) and max_train_samples >= num_clients):
+            raise ValueError(
+                f"max_train_samples must be None (the whole training split) or an integer >= num_clients={num_clients} "
+                f"(a sample per client at least), got {max_train_samples!r}"
+            )
         self.max_train_samples = max_train_samples
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.augment = dataset not in NO_AUGMENT_BY_DEFAULT if augment is None else augment
@@ -239,9 +247,11 @@ class FederatedDataModule(L.LightningDataModule):
         if self.image_size_override is not None:
             kwargs["image_size"] = self.image_size_override
         split = load_dataset(self.dataset, self.root, **kwargs)
-        if self.max_train_samples is not None and self.max_train_samples < len(split.train):
-            split = Split(train=self._stratified_subset(split.train), test=split.test)
-        if self.partition == "pathological" and self.classes_per_client > split.num_classes:
+        if self.max_train_samples is not None:
+            self._check_max_train_samples(split.train)
+            if self.max_train_samples < len(split.train):
+                split = Split(train=self._stratified_subset(split.train), test=split.test)
+        if hasattr(self.partitioner, "classes_per_client") and self.classes_per_client > split.num_classes:
             raise ValueError(
                 f"classes_per_client={self.classes_per_client} exceeds the {split.num_classes} classes of "
                 f"dataset {self.dataset!r}"
@@ -251,9 +261,11 @@ class FederatedDataModule(L.LightningDataModule):
         parts = self.partitioner(train_labels, self.num_clients, self.seed)
         empty = [k for k, p in enumerate(parts) if len(p) == 0]
         if empty:  # a client without data can neither train nor be tested
+            hint = "raise min_size to >= 1 or use fewer clients" if hasattr(self.partitioner, "min_size") else (
+                f"use fewer clients (at most {len(train_labels)}, the number of training samples)")
             raise ValueError(
                 f"{len(empty)} of {self.num_clients} clients (first: client {empty[0]}) received no training samples "
-                f"from {self.partitioner!r} on dataset {self.dataset!r}; raise min_size to >= 1 or use fewer clients"
+                f"from {self.partitioner!r} on dataset {self.dataset!r}; {hint}"
             )
         counts = [np.bincount(train_labels[p], minlength=split.num_classes) for p in parts]
         tests = [
@@ -262,6 +274,15 @@ class FederatedDataModule(L.LightningDataModule):
             )
             for k, c in enumerate(counts)
         ]
+        untested = [k for k, t in enumerate(tests) if len(t) == 0]
+        if untested:  # its accuracy (and with it the run's headline number) could not be measured
+            k = untested[0]
+            held = [split.classes[c] for c in np.flatnonzero(counts[k])]
+            raise ValueError(
+                f"{len(untested)} of {self.num_clients} clients (first: client {k}) would get an empty personal test "
+                f"set: the test split of dataset {self.dataset!r} ({len(test_labels)} samples) holds no samples of "
+                f"their classes (client {k}: {held}); add test samples of these classes or change the partition"
+            )
         self._warn_if_skewed(counts, tests, test_labels, split)
         self._train_parts = [torch.from_numpy(p) for p in parts]
         self._test_parts = [torch.from_numpy(t) for t in tests]
@@ -269,13 +290,32 @@ class FederatedDataModule(L.LightningDataModule):
         self.normalizer = Normalize.from_images(split.train.images)
         self._split = split
 
+    def _check_max_train_samples(self, data: ImageData) -> None:
+        """``max_train_samples`` must lie between the number of classes present and the split's size."""
+        n, present = len(data), len(np.unique(data.labels.numpy()))
+        low = max(present, self.num_clients)
+        allowed = f"allowed: an integer from {low} to {n}, or None for the whole split"
+        if self.max_train_samples > n:
+            raise ValueError(f"max_train_samples={self.max_train_samples} exceeds the {n} training samples of dataset "
+                             f"{self.dataset!r}; {allowed}")
+        if self.max_train_samples < present:
+            raise ValueError(f"max_train_samples={self.max_train_samples} is fewer than the {present} classes of "
+                             f"dataset {self.dataset!r}: a stratified subset needs a sample of every class; {allowed}")
+
     def _stratified_subset(self, data: ImageData) -> ImageData:
         """``max_train_samples`` samples with the training split's class proportions (seeded)."""
         from sklearn.model_selection import train_test_split
 
         labels = data.labels.numpy()
-        keep, _ = train_test_split(np.arange(len(labels)), train_size=self.max_train_samples,
-                                   stratify=labels, random_state=self.seed)
+        try:
+            keep, _ = train_test_split(np.arange(len(labels)), train_size=self.max_train_samples,
+                                       stratify=labels, random_state=self.seed)
+        except ValueError as err:  # e.g. fewer left-out samples than classes, or a class with one sample
+            raise ValueError(
+                f"max_train_samples={self.max_train_samples} cannot be drawn stratified from the {len(labels)} "
+                f"training samples of dataset {self.dataset!r} (scikit-learn: {err}); choose a smaller value, "
+                f"{len(labels)} or None"
+            ) from err
         idx = torch.from_numpy(np.sort(keep))
         return ImageData(data.images.index_select(0, idx), data.labels.index_select(0, idx), data.classes)
 

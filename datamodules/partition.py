@@ -3,9 +3,10 @@
 One small class per scheme (Flower-Datasets style): a :class:`Partitioner` maps the training
 labels, the number of clients and a seed to one sorted index array per client, disjoint.
 DisPFL App. B.1 uses the Dirichlet partition of Hsu et al. (2019) and the pathological
-partition; new schemes (e.g. PSFL's ExDir, cluster partitions) are new subclasses registered
-with :func:`register_partitioner`. :func:`personal_test_indices` draws a client's test set from
-the official test split with the client's training label proportions (DisPFL App. B.1).
+partition; PSFL's ExDir(C, alpha) is :class:`ExDirPartitioner`. New schemes (e.g. cluster
+partitions) are new subclasses registered with :func:`register_partitioner`.
+:func:`personal_test_indices` draws a client's test set from the official test split with the
+client's training label proportions (DisPFL App. B.1).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "PARTITIONERS",
     "DirichletPartitioner",
     "EqualDirichletPartitioner",
+    "ExDirPartitioner",
     "IIDPartitioner",
     "PathologicalPartitioner",
     "Partitioner",
@@ -47,6 +49,8 @@ class Partitioner(ABC):
         if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
             raise ValueError(f"labels must be a 1-D integer array, got dtype {labels.dtype} and shape {labels.shape}")
         num_clients, seed = check_int("num_clients", num_clients, 1), check_int("seed", seed, 0)
+        if len(labels) == 0:
+            raise ValueError("labels is empty: there are no training samples to partition")
         parts = self._partition(labels, num_clients, np.random.default_rng(seed))
         return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
@@ -75,13 +79,18 @@ def build_partitioner(name: str, **kwargs) -> Partitioner:
     return PARTITIONERS.build(name, **kwargs)
 
 
+def _check_enough_samples(labels: np.ndarray, num_clients: int) -> None:
+    if len(labels) < num_clients:
+        raise ValueError(f"cannot give each of {num_clients} clients a sample: only {len(labels)} samples; "
+                         f"use at most {len(labels)} clients")
+
+
 @register_partitioner("iid")
 class IIDPartitioner(Partitioner):
     """A random permutation cut into ``num_clients`` shards whose sizes differ by at most one."""
 
     def _partition(self, labels, num_clients, rng):
-        if len(labels) < num_clients:
-            raise ValueError(f"cannot give each of {num_clients} clients a sample: only {len(labels)} samples")
+        _check_enough_samples(labels, num_clients)
         return np.array_split(rng.permutation(len(labels)), num_clients)
 
 
@@ -161,6 +170,7 @@ class EqualDirichletPartitioner(Partitioner):
         return f"EqualDirichletPartitioner(alpha={self.alpha})"
 
     def _partition(self, labels, num_clients, rng):
+        _check_enough_samples(labels, num_clients)
         classes = np.unique(labels)
         pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
         taken = np.zeros(len(classes), dtype=np.int64)
@@ -216,6 +226,101 @@ class PathologicalPartitioner(Partitioner):
             for k, shard in zip(clients, np.array_split(members, len(clients))):
                 parts[k].append(shard)
         return [np.concatenate(p) for p in parts]
+
+
+@register_partitioner("exdir")
+class ExDirPartitioner(Partitioner):
+    """ExDir(C, alpha), PSFL's extended Dirichlet partition (psfl-notes 16), as in the code of PSFL's ref. [25].
+
+    Ref. [25] is Li and Lyu, "Convergence analysis of sequential federated learning on heterogeneous data"
+    (NeurIPS); its code is ``liyipeng00/convergence``, ``sim/data/partition.py``. With K clients, L classes
+    and N samples:
+
+    1. Classes: each client draws ``classes_per_client`` (C) distinct classes uniformly at random. The whole
+       draw is repeated until every class has at least ``max(C K // L // 5, 1)`` holders ([25]'s rule), so
+       every class is drawn. If ``C K < L`` no draw can cover the classes: no cover is asked for, and the
+       samples of the classes nobody drew stay unassigned (as in ``pathological``).
+    2. Samples: for each class c in turn (ascending labels), ``q_c ~ Dir(alpha)`` over the clients holding c
+       (a Dirichlet per class across its holders, not per client across its classes); a holder that already
+       has at least the mean size N / K gets ``q = 0`` (the cap: [25]'s "balance" rule, the same stop rule
+       as ``dirichlet``; a client can end above N / K by at most the share of the class that took it there);
+       renormalise and cut the class's shuffled samples at ``cumsum(q) n_c``. If every holder of c is full,
+       the cap yields and all of them share c; if a tiny alpha puts all mass on full holders, one random open
+       holder takes c. Step 2 is redrawn, the classes kept (as in [25]), until every client holds at least
+       ``min_size`` samples (10 in [25] and PSFL), at most ``max_attempts`` times; step 1, a cheap draw
+       that few clients (e.g. C K = L, an exact cover) make unlikely to pass, at most ``100 max_attempts``.
+
+    So a client holds at most C classes and every sample of a drawn class goes to exactly one client.
+    Smaller ``alpha``: more uneven shares among a class's holders, hence more unequal client sizes.
+    """
+
+    def __init__(self, classes_per_client: int, alpha: float, min_size: int = 10, max_attempts: int = 1000) -> None:
+        self.classes_per_client = check_int("classes_per_client", classes_per_client, 1)
+        if not is_number(alpha) or not alpha > 0:
+            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+        self.alpha = float(alpha)
+        self.min_size = check_int("min_size", min_size, 0)
+        self.max_attempts = check_int("max_attempts", max_attempts, 1)
+
+    def __repr__(self) -> str:
+        return (f"ExDirPartitioner(classes_per_client={self.classes_per_client}, alpha={self.alpha}, "
+                f"min_size={self.min_size})")
+
+    def _partition(self, labels, num_clients, rng):
+        classes = np.unique(labels)
+        n, c = len(labels), self.classes_per_client
+        if c > len(classes):
+            raise ValueError(f"classes_per_client={c} exceeds the number of classes in the labels ({len(classes)})")
+        if n < num_clients * self.min_size:
+            raise ValueError(
+                f"cannot give each of {num_clients} clients min_size={self.min_size} samples: only {n} samples "
+                f"(need {num_clients * self.min_size}); lower min_size or num_clients"
+            )
+        holders = self._draw_classes(num_clients, len(classes), rng)
+        by_class = [np.flatnonzero(labels == k) for k in classes]
+        mean = n / num_clients
+        for _ in range(self.max_attempts):
+            owner = np.full(n, -1, dtype=np.int64)
+            sizes = np.zeros(num_clients, dtype=np.int64)
+            for members, clients in zip(by_class, holders):
+                if len(clients) == 0:
+                    continue  # drawn by nobody (only when C K < L): its samples stay unassigned
+                q = rng.dirichlet(np.full(len(clients), self.alpha))
+                open_ = sizes[clients] < mean
+                if open_.any():  # else every holder is full and the cap yields
+                    q = q * open_
+                    if q.sum() == 0:  # tiny alpha: all mass on full holders; one open holder (Dir's alpha -> 0)
+                        q = np.zeros(len(clients))
+                        q[rng.choice(np.flatnonzero(open_))] = 1.0
+                cum = np.cumsum(q)
+                cuts = (cum / cum[-1] * len(members)).astype(np.int64)  # last cut exactly n_c
+                counts = np.diff(cuts, prepend=0)
+                owner[rng.permutation(members)] = np.repeat(clients, counts)
+                sizes[clients] += counts
+            if sizes.min() >= self.min_size:
+                order = np.argsort(owner, kind="stable")[np.count_nonzero(owner < 0):]
+                return np.split(order, np.cumsum(sizes)[:-1])
+        raise ValueError(
+            f"ExDir partition (classes_per_client={c}, alpha={self.alpha}) found no draw giving every one of "
+            f"{num_clients} clients min_size={self.min_size} samples in {self.max_attempts} attempts; raise alpha "
+            "or classes_per_client, or lower min_size or num_clients"
+        )
+
+    def _draw_classes(self, num_clients: int, num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:
+        """Each client's C distinct classes, redrawn until every class has [25]'s least number of holders."""
+        c = self.classes_per_client
+        need = max(c * num_clients // num_classes // 5, 1) if c * num_clients >= num_classes else 0
+        rows = np.arange(num_clients)[:, None]
+        for _ in range(100 * self.max_attempts):
+            held = np.zeros((num_clients, num_classes), dtype=bool)
+            held[rows, np.argsort(rng.random((num_clients, num_classes)), axis=1)[:, :c]] = True
+            if held.sum(axis=0).min() >= need:
+                return [np.flatnonzero(col) for col in held.T]  # holders of each class, ascending
+        raise ValueError(
+            f"ExDir partition: no draw of classes_per_client={c} classes for each of {num_clients} clients gave "
+            f"every one of the {num_classes} classes at least {need} holder(s) in {100 * self.max_attempts} attempts; "
+            "raise num_clients or classes_per_client"
+        )
 
 
 # --------------------------------------------------------------------------- personal test sets

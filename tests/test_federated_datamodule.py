@@ -225,6 +225,28 @@ def test_pathological_and_iid_through_the_module():
     assert sum(iid.client_train_size(k) for k in range(4)) == 1347
 
 
+def test_exdir_through_the_module():
+    # PSFL's ExDir(2, 10) on digits (1,347 training samples): 20 clients, mean size 67, at least min_size = 10 each
+    from lightning_dfl.datamodules.partition import ExDirPartitioner
+
+    dm = FederatedDataModule(dataset="digits", num_clients=20, partition="exdir", classes_per_client=2, alpha=10.0,
+                             min_size=10, test_samples_per_client=30)
+    assert isinstance(dm.partitioner, ExDirPartitioner)
+    assert (dm.partitioner.classes_per_client, dm.partitioner.alpha, dm.partitioner.min_size) == (2, 10.0, 10)
+    dm.setup()
+    parts = [dm.client_train_indices(k) for k in range(20)]
+    merged = np.concatenate(parts)
+    assert len(np.unique(merged)) == len(merged) == 1347  # disjoint; every class drawn, so every sample used
+    for k in range(20):
+        held = np.flatnonzero(dm.client_label_counts(k))
+        assert 1 <= len(held) <= 2 and dm.client_train_size(k) >= 10
+        assert set(np.flatnonzero(dm.client_test_label_counts(k))) <= set(held)
+    again = FederatedDataModule(dataset="digits", num_clients=20, partition="exdir", classes_per_client=2,
+                                alpha=10.0, test_samples_per_client=30)
+    again.setup()
+    assert all(np.array_equal(again.client_train_indices(k), parts[k]) for k in range(20))
+
+
 def test_short_test_pools_warn():
     dm = FederatedDataModule(partition="pathological", classes_per_client=1, num_clients=3)
     with pytest.warns(UserWarning, match="test_samples_per_client=100"):
@@ -236,13 +258,24 @@ def test_short_test_pools_warn():
     "kwargs,match",
     [
         ({"dataset": "imagenet"}, "unknown dataset 'imagenet'; allowed: .*digits"),
-        ({"partition": "exdir"}, "unknown partition 'exdir'; allowed: dirichlet, dirichlet_equal, iid, pathological"),
+        ({"partition": "zipf"},
+         "unknown partition 'zipf'; allowed: dirichlet, dirichlet_equal, exdir, iid, pathological"),
         ({"num_clients": 0}, "num_clients must be an integer >= 1, got 0"),
         ({"alpha": 0.0}, "alpha must be a finite number > 0, got 0.0"),
         ({"alpha": -1}, "alpha must be a finite number > 0, got -1"),
         ({"classes_per_client": 0}, "classes_per_client must be an integer >= 1, got 0"),
         ({"min_size": -1}, "min_size must be an integer >= 0, got -1"),
-        ({"test_samples_per_client": -5}, "test_samples_per_client must be an integer >= 0, got -5"),
+        ({"test_samples_per_client": -5}, r"test_samples_per_client must be an integer >= 1 \(each client's accuracy, "
+                                          r"the run's headline number, is measured on its personal test set\), got -5"),
+        ({"test_samples_per_client": 0}, r"test_samples_per_client must be an integer >= 1 .*, got 0"),
+        ({"alpha": float("nan")}, "alpha must be a finite number > 0, got nan"),
+        ({"alpha": float("inf")}, "alpha must be a finite number > 0, got inf"),
+        ({"num_clients": 2.0}, "num_clients must be an integer >= 1, got 2.0"),
+        ({"classes_per_client": 1.5}, "classes_per_client must be an integer >= 1, got 1.5"),
+        ({"batch_size": True}, "batch_size must be an integer >= 1, got True"),
+        ({"num_clients": 20, "max_train_samples": 5},
+         r"max_train_samples must be None \(the whole training split\) or an integer >= num_clients=20 \(a sample per "
+         r"client at least\), got 5"),
         ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
         ({"eval_batch_size": 2.5}, "eval_batch_size must be an integer >= 1, got 2.5"),
         ({"image_size": 0}, "image_size must be an integer >= 1, got 0"),
@@ -260,6 +293,8 @@ def test_data_dependent_checks_fail_in_setup(tmp_path):
     dm = FederatedDataModule(partition="pathological", classes_per_client=11)  # init cannot know digits has 10
     with pytest.raises(ValueError, match="classes_per_client=11 exceeds the 10 classes of dataset 'digits'"):
         dm.setup()
+    with pytest.raises(ValueError, match="classes_per_client=11 exceeds the 10 classes of dataset 'digits'"):
+        FederatedDataModule(partition="exdir", classes_per_client=11, alpha=10.0).setup()
     with pytest.raises(ValueError, match="cannot give each of 200 clients min_size=10"):
         FederatedDataModule(num_clients=200).setup()
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
@@ -335,3 +370,79 @@ def test_max_train_samples_takes_a_stratified_seeded_subset():
     assert torch.equal(again.split.train.labels, dm.split.train.labels)
     with pytest.raises(ValueError, match="max_train_samples"):
         FederatedDataModule(dataset="digits", num_clients=4, max_train_samples=2)
+
+
+# ----------------------------------------------------------------------------- settings that cannot take effect
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_clients": 2, "max_train_samples": 5},
+     "max_train_samples=5 is fewer than the 10 classes of dataset 'digits': a stratified subset needs a sample of "
+     "every class; allowed: an integer from 10 to 1347, or None for the whole split"),
+    ({"num_clients": 2, "max_train_samples": 2000},
+     "max_train_samples=2000 exceeds the 1347 training samples of dataset 'digits'; allowed: an integer from 10 to "
+     "1347, or None for the whole split"),
+    ({"num_clients": 2, "max_train_samples": 1344},  # leaves 3 samples out, fewer than the 10 classes
+     "max_train_samples=1344 cannot be drawn stratified from the 1347 training samples of dataset 'digits' "
+     "(scikit-learn: "),
+    ({"num_clients": 1400, "partition": "dirichlet_equal"},
+     "cannot give each of 1400 clients a sample: only 1347 samples; use at most 1347 clients"),
+    ({"num_clients": 1400, "partition": "iid"},
+     "cannot give each of 1400 clients a sample: only 1347 samples; use at most 1347 clients"),
+    ({"num_clients": 1400, "partition": "dirichlet", "min_size": 1},
+     "cannot give each of 1400 clients min_size=1 samples: only 1347 samples (need 1400); lower min_size or "
+     "num_clients"),
+])
+def test_settings_that_cannot_take_effect_fail_in_setup(kwargs, message):
+    dm = FederatedDataModule(**{"test_samples_per_client": 10, **kwargs})
+    with pytest.raises(ValueError) as err:
+        dm.setup()
+    assert str(err.value).startswith(message)
+    assert dm._split is None  # nothing half set up
+
+
+def test_max_train_samples_equal_to_the_split_is_the_whole_split():
+    dm = FederatedDataModule(num_clients=2, max_train_samples=1347, test_samples_per_client=10)
+    assert len(dm.split.train) == 1347
+
+
+def test_a_client_without_test_samples_fails_in_setup(monkeypatch):
+    from lightning_dfl.datamodules.datasets import DATASETS, ImageData, Split
+
+    def load_no_test_bees(root=None):  # class 1 ("bee") has training samples but none in the test split
+        images = torch.zeros(12, 1, 4, 4, dtype=torch.uint8)
+        train = ImageData(images, torch.tensor([0] * 6 + [1] * 6), ["ant", "bee"])
+        return Split(train, ImageData(images[:3], torch.tensor([0, 0, 0]), ["ant", "bee"]))
+
+    monkeypatch.setitem(DATASETS, "no_test_bees", load_no_test_bees)
+    dm = FederatedDataModule(dataset="no_test_bees", num_clients=2, partition="pathological", classes_per_client=1,
+                             test_samples_per_client=2)
+    with pytest.raises(ValueError, match=(
+        r"^1 of 2 clients \(first: client (\d)\) would get an empty personal test set: the test split of dataset "
+        r"'no_test_bees' \(3 samples\) holds no samples of their classes \(client \1: \['bee'\]\); add test samples "
+        r"of these classes or change the partition$"
+    )):
+        dm.setup()
+
+
+def test_bad_data_on_disk_fails_in_setup_naming_the_file(tmp_path):
+    from torchvision.io import encode_jpeg, write_file
+
+    for half, count in (("train", 4), ("test", 2)):
+        for name in ("ant", "bee"):
+            (tmp_path / half / name).mkdir(parents=True)
+            for i in range(count):
+                image = torch.full((3, 4, 4), 99, dtype=torch.uint8)
+                write_file(str(tmp_path / half / name / f"{i}.jpg"), encode_jpeg(image))
+    kwargs = {"dataset": "image_folder", "root": str(tmp_path), "num_clients": 2, "partition": "iid",
+              "test_samples_per_client": 2}
+    FederatedDataModule(**kwargs).setup()  # the intact folder loads
+    (tmp_path / "train" / "bee" / "1.jpg").write_bytes(b"\x00" * 10)
+    with pytest.raises(ValueError, match=f"cannot decode image {tmp_path / 'train' / 'bee' / '1.jpg'} "):
+        FederatedDataModule(**kwargs).setup()
+    (tmp_path / "train" / "bee" / "1.jpg").unlink()
+    (tmp_path / "test" / "cat").mkdir()
+    with pytest.raises(ValueError, match=r"only in test \['cat'\]; every class needs a folder with images in both"):
+        FederatedDataModule(**kwargs).setup()
+    with pytest.raises(FileNotFoundError, match=f"image folder not found: {tmp_path / 'absent'} does not exist"):
+        FederatedDataModule(**{**kwargs, "root": str(tmp_path / "absent")}).setup()

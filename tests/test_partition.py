@@ -8,6 +8,7 @@ import pytest
 from lightning_dfl.datamodules.partition import (
     PARTITIONERS,
     DirichletPartitioner,
+    ExDirPartitioner,
     IIDPartitioner,
     Partitioner,
     PathologicalPartitioner,
@@ -144,15 +145,135 @@ def test_pathological_errors_name_both_values():
         PathologicalPartitioner(2)(np.array([0, 0, 0, 1]), 3, seed=0)
 
 
+# ----------------------------------------------------------------------------- ExDir (PSFL, psfl-notes 16)
+
+MNIST_LABELS = np.repeat(np.arange(10), 6000)  # MNIST-sized: 60,000 labels, 6,000 per class
+
+
+def _class_counts(parts, labels, num_classes=10):
+    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])  # [client, class]
+
+
+def test_exdir_500_clients_mnist_sized():
+    # PSFL's setting: N = 500 clients, ExDir(2, 10); [25]'s rule asks every class to have >= 2*500 // 10 // 5 = 20
+    # holders. (A partition takes ~5 ms here; no timing is asserted.)
+    parts = ExDirPartitioner(classes_per_client=2, alpha=10.0)(MNIST_LABELS, 500, seed=0)
+    assert len(parts) == 500
+    _assert_disjoint_sorted(parts, len(MNIST_LABELS))
+    counts = _class_counts(parts, MNIST_LABELS)
+    assert (np.count_nonzero(counts, axis=1) <= 2).all()  # at most C classes per client
+    assert counts.sum() == len(MNIST_LABELS)  # every class drawn, every sample assigned once
+    assert counts.sum(axis=1).min() >= 10  # the default min_size, [25]'s and PSFL's 10
+    assert (np.count_nonzero(counts, axis=0) >= 20).all()
+    # the cap (N / K = 120): classes come up in label order, and a client holding >= 120 samples gets no more
+    before = np.cumsum(counts, axis=1) - counts
+    assert not np.any((before >= 120) & (counts > 0))
+    assert (counts.sum(axis=1) < 120 + counts.max(axis=1)).all()  # so it ends at most one class share above
+
+
+def test_exdir_is_deterministic_per_seed_and_varies_across_seeds():
+    part = ExDirPartitioner(classes_per_client=2, alpha=10.0)
+    a, b, c = part(MNIST_LABELS, 500, 3), part(MNIST_LABELS, 500, 3), part(MNIST_LABELS, 500, 4)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert sum(not np.array_equal(x, y) for x, y in zip(a, c)) > 450
+    held_a = [frozenset(MNIST_LABELS[p].tolist()) for p in a]
+    held_c = [frozenset(MNIST_LABELS[p].tolist()) for p in c]
+    assert held_a != held_c  # the class draw changes too
+
+
+def _shares_among_holders(alpha, seeds, num_clients=40):
+    """Per class and seed, the shares of the class's holders (C = 1: the cap never acts; min_size = 0: no redraw).
+
+    The holders are step 1's draw, replayed from the seed (it is the partition's first use of its generator), so
+    a holder whose share rounds to 0 samples still counts.
+    """
+    labels = np.repeat(np.arange(10), 1000)
+    part = ExDirPartitioner(1, alpha, min_size=0)
+    out = []
+    for seed in seeds:
+        holders = part._draw_classes(num_clients, 10, np.random.default_rng(seed))
+        counts = _class_counts(part(labels, num_clients, seed), labels)
+        for c, clients in enumerate(holders):
+            assert counts[:, c].sum() == 1000 and counts[clients, c].sum() == 1000  # only holders get c, all of it
+            out.append(counts[clients, c] / 1000)
+    return out
+
+
+def test_exdir_shares_of_a_class_follow_a_dirichlet_across_its_holders():
+    # q_c ~ Dir(alpha) over the m holders of c: a holder's share has mean 1/m and variance
+    # (1/m)(1 - 1/m) / (m alpha + 1). Pooled (share - 1/m)^2 over that variance: ~1 for every alpha.
+    for alpha in (0.5, 10.0):
+        ratios = []
+        for shares in _shares_among_holders(alpha, range(60)):
+            m = len(shares)
+            if m > 1:
+                ratios.extend((shares - 1 / m) ** 2 / ((1 / m) * (1 - 1 / m) / (m * alpha + 1)))
+        assert 0.8 < np.mean(ratios) < 1.2, (alpha, np.mean(ratios))
+
+
+def test_exdir_alpha_sets_how_evenly_a_class_is_shared():
+    # the largest share of a class among its m holders, times m: 1 when even, m when one holder takes it all
+    def mean_max_share(alpha):
+        return float(np.mean([s.max() * len(s) for s in _shares_among_holders(alpha, range(10))]))
+
+    even, skewed = mean_max_share(1000.0), mean_max_share(0.05)
+    assert even < 1.1 and skewed > 2.5, (even, skewed)
+
+
+def test_exdir_hand_checked_cases():
+    # one holder per class (C K = L = 10, an exact cover): every client gets two whole classes
+    labels = np.repeat(np.arange(10), 7)
+    for seed in range(3):
+        counts = _class_counts(ExDirPartitioner(2, 1.0)(labels, 5, seed), labels)
+        assert sorted(counts.sum(axis=1).tolist()) == [14] * 5
+        assert set(counts.ravel().tolist()) == {0, 7} and (np.count_nonzero(counts, axis=0) == 1).all()
+    # C K < L: one client draws 2 of 4 classes; the other two classes stay unassigned
+    labels = np.array([0, 1, 2, 3] * 5)
+    (part,) = ExDirPartitioner(2, 1.0, min_size=0)(labels, 1, seed=0)
+    held = np.unique(labels[part])
+    assert len(held) == 2 and np.array_equal(part, np.flatnonzero(np.isin(labels, held)))
+    # the cap: both clients hold both classes of 6; alpha -> 0 gives class 0 whole to one client, which then holds
+    # N / K = 6 samples, so class 1 goes whole to the other
+    labels = np.array([0, 1] * 6)
+    for seed in range(10):
+        a, b = ExDirPartitioner(2, 1e-6, min_size=0)(labels, 2, seed)
+        assert sorted([labels[a].tolist(), labels[b].tolist()]) == [[0] * 6, [1] * 6]
+
+
+def test_exdir_errors_name_the_values():
+    with pytest.raises(ValueError, match=r"classes_per_client=11 exceeds the number of classes in the labels \(10\)"):
+        ExDirPartitioner(11, 1.0)(LABELS, 5, seed=0)
+    with pytest.raises(ValueError, match="classes_per_client must be an integer >= 1, got 0"):
+        ExDirPartitioner(0, 1.0)
+    for bad in (0, -0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"alpha must be a finite number > 0, got {bad!r}"):
+            ExDirPartitioner(2, bad)
+    with pytest.raises(ValueError, match="min_size must be an integer >= 0, got -1"):
+        ExDirPartitioner(2, 1.0, min_size=-1)
+    with pytest.raises(ValueError, match=r"200 clients min_size=10 samples: only 1450 samples \(need 2000\)"):
+        ExDirPartitioner(2, 10.0)(LABELS, 200, seed=0)
+    with pytest.raises(ValueError, match=(
+        r"^ExDir partition \(classes_per_client=2, alpha=0.001\) found no draw giving every one of 14 clients "
+        r"min_size=50 samples in 3 attempts; raise alpha or classes_per_client, or lower min_size or num_clients$"
+    )):
+        ExDirPartitioner(2, 0.001, min_size=50, max_attempts=3)(LABELS, 14, seed=0)
+    with pytest.raises(ValueError, match=(  # 50 clients x 2 classes can cover 100 classes only exactly: unlikely
+        r"^ExDir partition: no draw of classes_per_client=2 classes for each of 50 clients gave every one of the "
+        r"100 classes at least 1 holder\(s\) in 100 attempts; raise num_clients or classes_per_client$"
+    )):
+        ExDirPartitioner(2, 10.0, max_attempts=1)(np.repeat(np.arange(100), 20), 50, seed=0)
+
+
 # ----------------------------------------------------------------------------- registry
 
 
 def test_registry_builds_by_name_and_rejects_unknown():
-    assert {"iid", "dirichlet", "pathological"} <= set(PARTITIONERS)
+    assert {"iid", "dirichlet", "pathological", "exdir"} <= set(PARTITIONERS)
     assert isinstance(build_partitioner("dirichlet", alpha=0.3), DirichletPartitioner)
     assert build_partitioner("pathological", classes_per_client=3).classes_per_client == 3
-    with pytest.raises(ValueError, match="unknown partition 'exdir'; allowed: .*dirichlet.*iid.*pathological"):
-        build_partitioner("exdir")
+    assert build_partitioner("exdir", classes_per_client=2, alpha=10.0).min_size == 10
+    with pytest.raises(ValueError, match="unknown partition 'zipf'; allowed: .*dirichlet.*exdir.*iid.*pathological"):
+        build_partitioner("zipf")
     with pytest.raises(TypeError):
         build_partitioner("iid", alpha=0.3)  # options are the scheme's own
 

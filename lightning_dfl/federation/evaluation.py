@@ -24,3 +24,12 @@ def shared_model_metrics(module: Any, fabric: Any, num_clients: int,
     accs = [accuracy(module, fabric, test_batches(k)) for k in range(num_clients)]
     mean, std = mean_std(accs)
     return {f"{prefix}_mean": mean, f"{prefix}_std": std}
+
+
+def global_test_metrics(module: Any, fabric: Any, batches: Iterable[tuple[Tensor, Tensor]]) -> dict[str, float]:
+    """The model loaded in the worker on the official test split (PSFL's metric, psfl-notes 17)."""
+    with fabric.autocast():
+        correct, total, loss_sum = module.evaluate(batches)
+    if not total:
+        return {}
+    return {"acc/global": correct / total, "loss/global": loss_sum / total}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import MixedPrecision
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
+from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.datamodules import FederatedDataModule
@@ -30,7 +31,7 @@ from lightning_dfl.federation.algorithms import Algorithm, DisPFL
 from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.context import CountingBatches, RoundContext
-from lightning_dfl.federation.evaluation import shared_model_metrics
+from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED, SerialExecutor
 from lightning_dfl.federation.interrupts import Interrupted, resume_command, stop_requests
 from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
@@ -224,7 +225,7 @@ class FederatedTrainer:
         self.algorithm.validate(num_clients)
         if self.client_speeds is not None and len(self.client_speeds) != num_clients:
             raise ValueError(f"client_speeds has {len(self.client_speeds)} entries for {num_clients} clients")
-        model.build(datamodule.num_classes, datamodule.in_channels, datamodule.image_size)
+        model.build_for(datamodule)
         self.module = model
         if self.cpu_threads is not None:
             torch.set_num_threads(self.cpu_threads)
@@ -405,6 +406,7 @@ class FederatedTrainer:
             metrics.update(self._consensus_metrics())
         self._call("on_federated_round_end")
         metrics.update(self._extra_metrics)
+        metrics.update(self.algorithm.round_metrics(metrics))
         self.reporter.update_best(metrics, self.history, self.algorithm.headline)
         metrics["time/wall_round_s"] = time.perf_counter() - wall
         self.history.append(metrics)
@@ -424,4 +426,13 @@ class FederatedTrainer:
         average = masked_average(*self.store.gather([(s.node, s.fresh) for s in sources]))
         self.module.mask.load_(self.store.mask(sources[0].node), apply=False)
         self.executor.load(average)
+        if self.algorithm.headline == "global":
+            return global_test_metrics(self.module, self.fabric, self.global_test_batches())
         return shared_model_metrics(self.module, self.fabric, self.num_clients, self.test_batches)
+
+    def global_test_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """The official test split, normalised, on the worker's device in the precision's input dtype."""
+        device = self.fabric.device
+        for x, y in self.datamodule.test_dataloader():
+            batch = (x.to(device), y.to(device))
+            yield self.convert_input(batch) if self.convert_input is not None else batch

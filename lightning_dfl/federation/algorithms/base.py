@@ -58,7 +58,9 @@ class Algorithm:
     personal_masks = False
     #: server nodes appended after the clients (node ids K, K+1, ...)
     num_servers = 0
-    #: the headline accuracy: "personal" (each client's model) or "consensus" (the shared model)
+    #: the headline accuracy: "personal" (each client's model on its test set), "consensus" (the shared
+    #: model of :meth:`consensus_sources` on every client's test set) or "global" (that model on the
+    #: official test split)
     headline = "personal"
     #: whether models travel with their masks (the mask bits are counted as communication)
     sends_masks = False
@@ -153,6 +155,10 @@ class Algorithm:
         return {}
 
     # -- round end ----------------------------------------------------------------------
+    def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics the algorithm adds to the round's row (``metrics``: the row so far)."""
+        return {}
+
     def consensus_sources(self, num_clients: int) -> list[Source] | None:
         """The shared model tested on every client's test set at a round's end (``None``: none)."""
         return None

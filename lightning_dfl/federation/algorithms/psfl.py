@@ -1,0 +1,266 @@
+"""PSFL (Zhou et al.): parallel-sequential federated learning with an optimal training structure.
+
+A round (Sec. III, L74-80): the server samples N0 = W S clients and arranges them into W
+sequences of length S; each client starts from its predecessor's model (the first from the
+server's), runs its local SGD and passes its model on; the server averages the W sequence-end
+models uniformly, Eq. 3: ``x^(r+1) = (1/W) sum_w x_(w,S)``. The round lasts as long as the slowest
+sequence (Eq. 4) on the federation's clock. FedAvg (``sequences = N0``, S = 1) and SFL
+(``sequences = 1``, S = N0) are configurations of the same algorithm (psfl-notes 11).
+
+With ``sequences=None`` the structure is chosen as Alg. 1 does: ``warmup_rounds`` rounds with all
+clients estimate sigma^2, B, tbar and kappa^2 (Eq. 24-26), W* solves Eq. 21
+(:func:`~lightning_dfl.scheduling.optimal_parallel_width`), (W, S) follow psfl-notes 8, and
+training restarts from x^0 (Alg. 1 line 13). Clients are drawn by a sampler of
+:mod:`lightning_dfl.sampling` from running-mean time estimates (notes 13-14).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext, average_messages
+from lightning_dfl.federation.messages import Message
+from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.sampling import SAMPLERS, build_sampler
+from lightning_dfl.scheduling import optimal_parallel_width, training_structure
+
+KAPPA2_ESTIMATORS = ("mean", "max")
+
+
+class PSFL(Algorithm):
+    """PSFL, FedAvg (W = N0) and SFL (W = 1) on the engine: chains of clients, a uniform server step.
+
+    Args:
+        clients_per_round: N0, the clients sampled each round.
+        sequences: W, the parallel sequences (S = N0 // W); ``None``: solved after the warm-up.
+        sampler: ``"time"`` (time-based partitioning, Sec. V-C), ``"uniform"`` or ``"weighted"``.
+        warmup_rounds: rounds of the warm-up when ``sequences`` is None (>= 2; notes 12).
+        kappa2_estimator: ``"mean"`` (Eq. 26) or ``"max"`` (the slowest client's variance, notes 5);
+            W* is logged under both.
+        c0: the step-size constant of Eq. 8, in (0, 1/5) (notes 18).
+        continue_from_warmup: start training from the warm-up's x^K instead of x^0.
+
+    Nodes: the clients, then the server's global model (node K) and the warm-up model (node K + 1).
+    Logged: ``psfl/W``, ``psfl/S``, after the warm-up ``psfl/w_star_mean`` and ``psfl/w_star_max`` (W* under
+    either kappa^2) with the estimates ``psfl/sigma2``, ``psfl/B``, ``psfl/t_mean``, ``psfl/kappa2_mean``,
+    ``psfl/kappa2_max``; ``psfl/warmup`` (1 in warm-up rounds), ``time/warmup`` (their simulated time).
+    """
+
+    name = "psfl"
+    num_servers = 2
+    headline = "global"
+
+    def __init__(self, clients_per_round: int = 20, sequences: int | None = None, sampler: str = "time",
+                 warmup_rounds: int = 5, kappa2_estimator: str = "mean", c0: float = 0.1,
+                 continue_from_warmup: bool = False) -> None:
+        self.clients_per_round = check_int("clients_per_round (N0)", clients_per_round, 1)
+        if sequences is not None:
+            check_int("sequences (W)", sequences, 1)
+            if sequences > clients_per_round:
+                raise ValueError(f"sequences (W) must be <= clients_per_round (N0={clients_per_round}), "
+                                 f"got {sequences}")
+        self.sequences = sequences
+        SAMPLERS.get(sampler)  # names the allowed samplers for an unknown one
+        self.sampler = sampler
+        self.warmup_rounds = 0 if sequences is not None else check_int("warmup_rounds", warmup_rounds, 2)
+        if kappa2_estimator not in KAPPA2_ESTIMATORS:
+            raise ValueError(f"unknown kappa2_estimator {kappa2_estimator!r}; allowed: {', '.join(KAPPA2_ESTIMATORS)}")
+        self.kappa2_estimator = kappa2_estimator
+        if not is_number(c0) or not 0 < c0 < 0.2:
+            raise ValueError(f"c0 must be in (0, 1/5) (PSFL Eq. 8), got {c0!r}")
+        self.c0 = float(c0)
+        self.continue_from_warmup = bool(continue_from_warmup)
+        self._sampler = build_sampler(sampler)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._num_clients = 0
+        self._time_sum: np.ndarray = np.zeros(0)
+        self._time_sq: np.ndarray = np.zeros(0)
+        self._time_count: np.ndarray = np.zeros(0)
+        self._warm_times: list[list[float]] = []  # per warm-up round, every client's time
+        self._sigma2: list[float] = []  # per warm-up round and client
+        self._b: list[float] = []  # per warm-up round
+        self._structure: tuple[int, int] | None = (None if self.sequences is None
+                                                    else (self.sequences, self.clients_per_round // self.sequences))
+        self._w_star: dict[str, float] = {}
+        self._round_metrics: dict[str, float] = {}
+        self._grad_sum: dict[str, Tensor] | None = None
+        self._grad_sq = 0.0
+        self._grad_count = 0
+        self._warmup_time = 0.0
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if self.clients_per_round > num_clients:
+            raise ValueError(f"clients_per_round (N0) must be <= the number of clients ({num_clients}), "
+                             f"got {self.clients_per_round}")
+
+    # -- nodes ----------------------------------------------------------------------------
+    @staticmethod
+    def server(num_clients: int) -> int:
+        return num_clients
+
+    @staticmethod
+    def warm_node(num_clients: int) -> int:
+        return num_clients + 1
+
+    def consensus_sources(self, num_clients: int) -> list[Source]:
+        return [Source(self.server(num_clients))]
+
+    # -- planning -------------------------------------------------------------------------
+    def estimates(self) -> np.ndarray:
+        """Each client's estimated time: the running mean of its observed times (notes 13); clients
+        never observed take the mean of the others (1 when none is known)."""
+        known = self._time_count > 0
+        means = np.divide(self._time_sum, np.maximum(self._time_count, 1))
+        fill = float(means[known].mean()) if known.any() else 1.0
+        return np.where(known, means, fill)
+
+    def _observe(self, clients: list[int], durations: tuple[float, ...] | None) -> None:
+        for k in clients:
+            t = 1.0 if durations is None else float(durations[k])
+            self._time_sum[k] += t
+            self._time_sq[k] += t * t
+            self._time_count[k] += 1
+
+    def plan_round(self, ctx: RoundContext) -> RoundPlan:
+        if self._num_clients != ctx.num_clients:
+            self._num_clients = ctx.num_clients
+            self._time_sum, self._time_sq, self._time_count = (np.zeros(ctx.num_clients) for _ in range(3))
+        self._round_metrics = {"psfl/warmup": float(ctx.round_idx < self.warmup_rounds)}
+        if ctx.round_idx < self.warmup_rounds:
+            return self._warmup_plan(ctx)
+        if self._structure is None:
+            self._solve_structure()
+        width, length = self._structure
+        active = ctx.active_clients
+        server = self.server(ctx.num_clients)
+        if len(active) < width * length:  # dropout left fewer clients: as many full sequences as they fill
+            if not active:
+                return RoundPlan(ctx.round_idx, [Task(node=server, sources=(Source(server),), train=False)])
+            width = min(width, len(active))
+            length = len(active) // width
+        estimates = self.estimates()[active]
+        sequences = [[active[i] for i in seq] for seq in self._sampler.sample(estimates, width, length, ctx.rng)]
+        first = Source(self.warm_node(ctx.num_clients)) if (
+            self.continue_from_warmup and ctx.round_idx == self.warmup_rounds and self.warmup_rounds) else Source(server)
+        tasks = []
+        for seq in sequences:
+            tasks.append(Task(node=seq[0], sources=(first,)))
+            tasks += [Task(node=k, sources=(Source(prev, fresh=True),)) for prev, k in zip(seq, seq[1:])]
+        tasks.append(Task(node=server, sources=tuple(Source(seq[-1], fresh=True) for seq in sequences), train=False))
+        self._observe([k for seq in sequences for k in seq], ctx.durations)
+        self._round_metrics.update({"psfl/W": float(len(sequences)), "psfl/S": float(length)})
+        self._round_metrics.update({f"psfl/{k}": v for k, v in self._w_star.items()})
+        return RoundPlan(ctx.round_idx, tasks, meta={"sequences": sequences})
+
+    def _warmup_plan(self, ctx: RoundContext) -> RoundPlan:
+        """Alg. 1 lines 2-12: every client computes its full gradient at x^k; the server steps."""
+        warm = self.warm_node(ctx.num_clients)
+        clients = ctx.active_clients
+        tasks = [Task(node=k, sources=(Source(warm),)) for k in clients]
+        tasks.append(Task(node=warm, sources=tuple(Source(k, fresh=True) for k in clients), train=False))
+        self._observe(clients, ctx.durations)
+        self._warm_times.append([1.0 if ctx.durations is None else float(ctx.durations[k]) for k in clients])
+        return RoundPlan(ctx.round_idx, tasks, meta={"warmup": True})
+
+    def _solve_structure(self) -> None:
+        """Eq. 24-26 estimates, then W* of Eq. 21 under both kappa^2 estimators and (W, S) (notes 8)."""
+        times = self._warm_times
+        t_mean = float(np.mean([t for row in times for t in row]))
+        per_client = np.array(times).T  # clients x warm-up rounds
+        variances = per_client.var(axis=1)
+        kappa2 = {"mean": float(variances.mean()), "max": float(variances.max())}
+        sigma2, b = float(np.mean(self._sigma2)), float(np.mean(self._b))
+        for name, k2 in kappa2.items():
+            self._w_star[f"w_star_{name}"] = float(optimal_parallel_width(self.clients_per_round, sigma2, b, t_mean,
+                                                                          max(k2, 1e-12), self.c0))
+        self._w_star.update({"sigma2": sigma2, "B": b, "t_mean": t_mean, "kappa2_mean": kappa2["mean"],
+                             "kappa2_max": kappa2["max"]})
+        self._structure = training_structure(self.clients_per_round, self._w_star[f"w_star_{self.kappa2_estimator}"])
+
+    # -- one task -------------------------------------------------------------------------
+    def local_train(self, ctx: TaskContext) -> float:
+        if ctx.round_idx >= self.warmup_rounds:
+            return super().local_train(ctx)
+        return self._gradient_statistics(ctx)
+
+    def _gradient_statistics(self, ctx: TaskContext) -> float:
+        """Eq. 24-25 for one client at x^k: its full local gradient (the sample-weighted mean of its
+        mini-batch gradients at the training batch size) and sigma^2_(n,k), the mean squared distance
+        of the mini-batch gradients from it. The weights do not move."""
+        module = ctx.module
+        params = {n: p for n, p in module.model.named_parameters() if p.requires_grad}
+        grad_sum = {k: torch.zeros_like(p, dtype=torch.float64) for k, p in params.items()}
+        grad_sq, loss_sum, count = 0.0, 0.0, 0
+        module.train()
+        for batch in ctx.train_batches:
+            module.zero_grad(set_to_none=True)
+            with ctx.fabric.autocast():
+                loss = self.loss(ctx, batch)
+            ctx.fabric.backward(loss)
+            n = int(batch[1].shape[0])
+            for k, p in params.items():
+                g = p.grad.detach().double()
+                grad_sum[k].add_(g, alpha=n)
+                grad_sq += n * float(g.square().sum())
+            loss_sum += float(loss.detach()) * n
+            count += n
+        module.zero_grad(set_to_none=True)
+        if not count:
+            return float("nan")
+        full = {k: v / count for k, v in grad_sum.items()}
+        # sigma^2 = sum_b n_b ||g_b - g||^2 / n = sum_b n_b ||g_b||^2 / n - ||g||^2
+        sigma2 = max(grad_sq / count - sum(float(v.square().sum()) for v in full.values()), 0.0)
+        self._sigma2.append(sigma2)
+        if self._grad_sum is None:
+            self._grad_sum = {k: torch.zeros_like(v) for k, v in full.items()}
+        for k, v in full.items():
+            self._grad_sum[k].add_(v)
+        self._grad_sq += sum(float(v.square().sum()) for v in full.values())
+        self._grad_count += 1
+        return loss_sum / count
+
+    def server_step(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor]:
+        if ctx.round_idx >= self.warmup_rounds:
+            return average_messages(messages, ctx.store.mask(ctx.node), None)  # Eq. 3: uniform 1/W
+        # the warm-up server: B_k = mean_n ||g_n - g||^2, x^(k+1) = x^k - eta g (Alg. 1 lines 9-11)
+        own, _ = ctx.store.published(ctx.node)
+        new = {n: t.clone() for n, t in own.items()}
+        if self._grad_count:
+            mean = {k: v / self._grad_count for k, v in self._grad_sum.items()}
+            self._b.append(self._grad_sq / self._grad_count - sum(float(v.square().sum()) for v in mean.values()))
+            lr = ctx.module.lr_at(ctx.round_idx)
+            for k, g in mean.items():
+                new[k].sub_(g.to(new[k].dtype), alpha=lr)
+        self._grad_sum, self._grad_sq, self._grad_count = None, 0.0, 0
+        return new
+
+    # -- reporting and checkpoints ----------------------------------------------------------
+    def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        if metrics.get("psfl/warmup", self._round_metrics.get("psfl/warmup")):
+            self._warmup_time += metrics.get("time/duration", 0.0)
+        return {**self._round_metrics, "time/warmup": self._warmup_time}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"time_sum": torch.from_numpy(self._time_sum.copy()), "time_sq": torch.from_numpy(self._time_sq.copy()),
+                "time_count": torch.from_numpy(self._time_count.copy()), "warm_times": self._warm_times,
+                "sigma2": self._sigma2, "b": self._b, "w_star": {k: float(v) for k, v in self._w_star.items()}, "warmup_time": self._warmup_time,
+                "structure": list(self._structure) if self._structure is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._time_sum = state["time_sum"].numpy().copy()
+        self._time_sq = state["time_sq"].numpy().copy()
+        self._time_count = state["time_count"].numpy().copy()
+        self._num_clients = len(self._time_sum)
+        self._warm_times = [list(map(float, row)) for row in state["warm_times"]]
+        self._sigma2, self._b = list(map(float, state["sigma2"])), list(map(float, state["b"]))
+        self._w_star = {k: float(v) for k, v in state["w_star"].items()}
+        self._warmup_time = float(state["warmup_time"])
+        self._structure = tuple(state["structure"]) if state["structure"] is not None else None

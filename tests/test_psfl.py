@@ -1,0 +1,168 @@
+"""PSFL on the engine: chains of clients, the uniform server step, the warm-up and the solved structure."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.aggregation import masked_average
+from lightning_dfl.federation.algorithms.psfl import PSFL
+from lightning_dfl.federation.clock import Clock
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+
+warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+K = 8
+
+
+def _fit(algorithm, rounds=1, callbacks=None, **kw):
+    dm = FederatedDataModule(dataset="digits", num_clients=K, batch_size=16, test_samples_per_client=20)
+    model = SparseClassifier(arch="cnn_digits", density=1.0, lr=0.05, lr_decay=1.0)
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, local_steps=3, logger=False,
+                               accelerator="cpu", enable_progress_bar=False, callbacks=callbacks, **kw)
+    trainer.fit(model, dm)
+    return trainer
+
+
+class Plans(FederatedCallback):
+    def __init__(self):
+        self.models = {}
+
+    def on_federated_round_start(self, trainer, pl_module):
+        self.server_start = {n: t.clone() for n, t in trainer.store.published(K)[0].items()}
+
+
+def test_s_equal_1_is_fedavg_with_a_uniform_average():
+    algo = PSFL(clients_per_round=4, sequences=4, sampler="uniform")
+    trainer = _fit(algo)
+    store = trainer.store
+    trained = [k for k in range(K) if int(store.slot[k]) == 1]
+    assert len(trained) == 4
+    expected = masked_average(*store.gather([(k, False) for k in trained]))  # 1/W each (Eq. 3), not by samples
+    for n, t in store.published(K)[0].items():
+        assert torch.allclose(t, expected[n], atol=1e-6)
+    assert trainer.history[0]["psfl/W"] == 4 and trainer.history[0]["psfl/S"] == 1
+    assert 0.0 <= trainer.history[0]["acc/global"] <= 1.0 and "acc/headline" in trainer.history[0]
+
+
+def test_w_equal_1_is_sequential_fl_a_chain_ending_at_the_server():
+    seen = []
+
+    class Reads(FederatedCallback):
+        def on_client_before_aggregation(self, trainer, pl_module, client_id):
+            seen.append(client_id)
+
+    algo = PSFL(clients_per_round=5, sequences=1, sampler="uniform")
+    trainer = _fit(algo, callbacks=[Reads()])
+    store = trainer.store
+    last = seen[-1]
+    for n, t in store.published(K)[0].items():  # the server holds the chain's last model
+        assert torch.equal(t, store.published(last)[0][n])
+    assert len(seen) == 5 and trainer.history[0]["psfl/W"] == 1 and trainer.history[0]["psfl/S"] == 5
+    assert trainer.history[0]["time/duration"] == 5.0  # Eq. 4: the slowest sequence's summed time
+
+
+def test_round_time_is_the_slowest_sequences_sum():
+    speeds = [1.0, 0.5, 2.0, 1.0, 0.25, 1.0, 4.0, 1.0]
+    algo = PSFL(clients_per_round=6, sequences=2, sampler="uniform")
+    plans = []
+    original = PSFL.plan_round
+
+    def spy(self, ctx):
+        plan = original(self, ctx)
+        plans.append(plan)
+        return plan
+
+    PSFL.plan_round = spy
+    try:
+        trainer = _fit(algo, client_speeds=speeds)
+    finally:
+        PSFL.plan_round = original
+    sequences = plans[0].meta["sequences"]
+    assert trainer.history[0]["time/duration"] == pytest.approx(max(sum(1 / speeds[k] for k in s) for s in sequences))
+
+
+def test_warmup_estimates_then_solves_the_structure_and_restarts_from_x0():
+    clock = Clock(distribution="discrete", noise=0.2)
+    algo = PSFL(clients_per_round=6, warmup_rounds=2, sampler="time")
+    start = {}
+
+    class Server(FederatedCallback):
+        def on_federated_round_start(self, trainer, pl_module):
+            start[trainer.current_round] = {n: t.clone() for n, t in trainer.store.published(K)[0].items()}
+
+    sequences = []
+    original = PSFL.plan_round
+
+    def spy(self, ctx):
+        plan = original(self, ctx)
+        if "sequences" in plan.meta:
+            sequences.append(plan.meta["sequences"])
+        return plan
+
+    PSFL.plan_round = spy
+    try:
+        trainer = _fit(algo, rounds=4, clock=clock, callbacks=[Server()])
+    finally:
+        PSFL.plan_round = original
+    h = trainer.history
+    assert [m["psfl/warmup"] for m in h] == [1.0, 1.0, 0.0, 0.0]
+    for n, t in start[2].items():  # the global model did not move in the warm-up: training starts from x^0
+        assert torch.equal(t, start[0][n])
+    assert not all(torch.equal(t, start[0][n]) for n, t in trainer.store.published(K + 1)[0].items())
+    w_mean, w_max = h[2]["psfl/w_star_mean"], h[2]["psfl/w_star_max"]
+    assert 1.0 <= w_mean <= 6.0 and 1.0 <= w_max <= 6.0
+    assert h[2]["psfl/W"] * h[2]["psfl/S"] <= 6 and h[2]["psfl/W"] == min(6, max(1, round(w_mean)))
+    assert h[2]["psfl/sigma2"] > 0 and h[2]["time/warmup"] == pytest.approx(h[0]["time/duration"] + h[1]["time/duration"])
+    # the estimates are the running means of the clock's times of the rounds a client ran in
+    times = [clock.compute_times(r) for r in range(4)]
+    ran = {r: set(range(K)) for r in (0, 1)}
+    ran.update({r: {k for seq in sequences[r - 2] for k in seq} for r in (2, 3)})
+    for k in range(K):
+        assert algo.estimates()[k] == pytest.approx(np.mean([times[r][k] for r in range(4) if k in ran[r]]))
+
+
+@pytest.mark.parametrize("killed_at", [1, 3], ids=["in_the_warmup", "after_it"])
+def test_psfl_checkpoint_resumes_bit_identical(tmp_path, killed_at):
+    def run(rounds, ckpt=None, root=None):
+        dm = FederatedDataModule(dataset="digits", num_clients=K, batch_size=16, test_samples_per_client=20)
+        model = SparseClassifier(arch="cnn_digits", density=1.0, lr=0.05, lr_decay=1.0)
+        trainer = FederatedTrainer(algorithm=PSFL(clients_per_round=6, warmup_rounds=2), rounds=4, local_epochs=1,
+                                   local_steps=3, logger=False, accelerator="cpu", enable_progress_bar=False,
+                                   clock=Clock(distribution="uniform", noise=0.2), checkpoint_every=1,
+                                   default_root_dir=str(root or tmp_path))
+        if rounds < 4:
+            class Stop(FederatedCallback):
+                def on_federated_round_start(self, trainer, pl_module):
+                    if trainer.current_round == rounds:
+                        raise RuntimeError("killed")
+            trainer.callbacks.append(Stop())
+            with pytest.raises(RuntimeError, match="killed"):
+                trainer.fit(model, dm)
+            return trainer
+        trainer.fit(model, dm, ckpt_path=ckpt)
+        return trainer
+
+    straight = run(4, root=tmp_path / "a")
+    killed = run(killed_at, root=tmp_path / "b")
+    resumed = run(4, ckpt=str(killed.checkpoint_path), root=tmp_path / "c")
+    for n, t in straight.store.weights.items():
+        assert torch.equal(t, resumed.store.weights[n])
+    strip = lambda m: {k: v for k, v in m.items() if k != "time/wall_round_s"}  # noqa: E731
+    assert [strip(m) for m in straight.history] == [strip(m) for m in resumed.history]
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="sequences \\(W\\) must be <= clients_per_round"):
+        PSFL(clients_per_round=4, sequences=5)
+    with pytest.raises(ValueError, match="unknown sampler 'fast'"):
+        PSFL(sampler="fast")
+    with pytest.raises(ValueError, match="warmup_rounds must be an integer >= 2"):
+        PSFL(warmup_rounds=1)
+    with pytest.raises(ValueError, match="c0 must be in"):
+        PSFL(c0=0.3)
+    with pytest.raises(ValueError, match="clients_per_round \\(N0\\) must be <= the number of clients"):
+        PSFL(clients_per_round=20, sequences=2).validate(8)
