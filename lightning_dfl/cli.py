@@ -25,6 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_dfl.analysis import SUBCOMMANDS
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.checkpoint_io import check_file
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -188,6 +189,9 @@ class FederatedCLI(LightningCLI):
         return trainer
 
     def before_fit(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("ckpt_path"):
+            check_file(config["ckpt_path"])  # before the run folder and its config.yaml are written
         log_dir = self.trainer.log_dir
         if log_dir and self.trainer.is_global_zero:
             getattr(self.trainer.logger, "experiment", None)  # let the logger create its folder first

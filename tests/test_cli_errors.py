@@ -317,3 +317,11 @@ def test_the_cli_gives_the_trainer_its_command_line(tmp_path, monkeypatch):
     args = _fit(tmp_path, "--trainer.seed=3")
     main([*args, "--debug"])
     assert seen["command_line"] == ["lightning-dfl", *args]
+
+
+def test_a_bad_checkpoint_leaves_no_run_folder(tmp_path, files, capsys):
+    args = [a for a in _fit(tmp_path, f"--ckpt_path={files['random']}") if a != "--trainer.logger=false"]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2 and "not a checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("config.yaml"))

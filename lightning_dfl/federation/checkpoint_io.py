@@ -69,15 +69,9 @@ def write_state(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     return path
 
 
-def read_state(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load what :func:`write_state` wrote to ``path`` (without the format marker), weights-only.
-
-    The archive's checksums are verified first (``torch.load`` does not check them): one extra read of the file.
-
-    Raises:
-        CheckpointError: for a missing path or a folder, an empty, truncated or damaged file, a file that
-            carries a pickled object (refused, not executed), a foreign file, or another format version.
-    """
+def check_file(path: str | os.PathLike) -> Path:
+    """The cheap checks of a checkpoint path, before a run sets anything up: it exists, is a file, is
+    not empty, and opens as a zip archive (its directory only is read). Returns it as a ``Path``."""
     path = Path(path)
     where = repr(str(path))
     if not path.exists():
@@ -91,6 +85,26 @@ def read_state(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, 
     if head != _ZIP_MAGIC:
         raise CheckpointError(f"{where} is not a checkpoint: it is not a torch zip archive (random bytes, another "
                               "format or a legacy torch file)")
+    try:
+        with zipfile.ZipFile(path):
+            pass
+    except (zipfile.BadZipFile, EOFError) as err:
+        raise CheckpointError(f"the checkpoint {where} is truncated or damaged: it starts as a torch archive but its "
+                              f"zip directory is unreadable ({err})") from err
+    return path
+
+
+def read_state(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load what :func:`write_state` wrote to ``path`` (without the format marker), weights-only.
+
+    The archive's checksums are verified first (``torch.load`` does not check them): one extra read of the file.
+
+    Raises:
+        CheckpointError: for a missing path or a folder, an empty, truncated or damaged file, a file that
+            carries a pickled object (refused, not executed), a foreign file, or another format version.
+    """
+    path = check_file(path)
+    where = repr(str(path))
     problem = _archive_problem(path)
     if problem is not None:
         raise CheckpointError(f"the checkpoint {where} is {problem}")

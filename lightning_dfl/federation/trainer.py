@@ -29,6 +29,7 @@ from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
 from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
+from lightning_dfl.federation.checkpoint_io import check_file
 from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.context import CountingBatches, RoundContext
 from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
@@ -285,6 +286,8 @@ class FederatedTrainer:
     def fit(self, model: SparseClassifier, datamodule: FederatedDataModule,
             ckpt_path: str | None = None) -> RunSummary:
         """Run all rounds (from ``ckpt_path``'s next round when given); return and print the summary."""
+        if ckpt_path is not None:
+            check_file(ckpt_path)  # a missing or damaged file fails before any set-up
         self._setup(model, datamodule)
         first_round = load_checkpoint(self, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
         if first_round:
