@@ -166,3 +166,11 @@ def test_bad_arguments_are_refused():
         PSFL(c0=0.3)
     with pytest.raises(ValueError, match="clients_per_round \\(N0\\) must be <= the number of clients"):
         PSFL(clients_per_round=20, sequences=2).validate(8)
+
+
+def test_time_to_target_is_the_elapsed_time_of_the_first_evaluation_reaching_it():
+    trainer = _fit(PSFL(clients_per_round=4, sequences=2, sampler="uniform", target_accuracy=0.3), rounds=6)
+    h = trainer.history
+    first = next(i for i, m in enumerate(h) if m["acc/global"] >= 0.3)
+    assert "time/to_target" not in h[first - 1] if first else True
+    assert all(m["time/to_target"] == h[first]["time/elapsed"] for m in h[first:])

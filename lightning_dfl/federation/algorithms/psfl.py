@@ -44,6 +44,8 @@ class PSFL(Algorithm):
             W* is logged under both.
         c0: the step-size constant of Eq. 8, in (0, 1/5) (notes 18).
         continue_from_warmup: start training from the warm-up's x^K instead of x^0.
+        target_accuracy: if set, ``time/to_target`` logs the simulated time (warm-up included) at the
+            first evaluation whose ``acc/global`` reaches it (notes 17), and every round after.
 
     Nodes: the clients, then the server's global model (node K) and the warm-up model (node K + 1).
     Logged: ``psfl/W``, ``psfl/S``, after the warm-up ``psfl/w_star_mean`` and ``psfl/w_star_max`` (W* under
@@ -57,7 +59,7 @@ class PSFL(Algorithm):
 
     def __init__(self, clients_per_round: int = 20, sequences: int | None = None, sampler: str = "time",
                  warmup_rounds: int = 5, kappa2_estimator: str = "mean", c0: float = 0.1,
-                 continue_from_warmup: bool = False) -> None:
+                 continue_from_warmup: bool = False, target_accuracy: float | None = None) -> None:
         self.clients_per_round = check_int("clients_per_round (N0)", clients_per_round, 1)
         if sequences is not None:
             check_int("sequences (W)", sequences, 1)
@@ -75,6 +77,9 @@ class PSFL(Algorithm):
             raise ValueError(f"c0 must be in (0, 1/5) (PSFL Eq. 8), got {c0!r}")
         self.c0 = float(c0)
         self.continue_from_warmup = bool(continue_from_warmup)
+        if target_accuracy is not None and (not is_number(target_accuracy) or not 0 < target_accuracy <= 1):
+            raise ValueError(f"target_accuracy must be in (0, 1] (or None), got {target_accuracy!r}")
+        self.target_accuracy = target_accuracy
         self._sampler = build_sampler(sampler)
         self._reset()
 
@@ -94,6 +99,7 @@ class PSFL(Algorithm):
         self._grad_sq = 0.0
         self._grad_count = 0
         self._warmup_time = 0.0
+        self._time_to_target: float | None = None
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -246,12 +252,19 @@ class PSFL(Algorithm):
     def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         if metrics.get("psfl/warmup", self._round_metrics.get("psfl/warmup")):
             self._warmup_time += metrics.get("time/duration", 0.0)
-        return {**self._round_metrics, "time/warmup": self._warmup_time}
+        out = {**self._round_metrics, "time/warmup": self._warmup_time}
+        reached = self.target_accuracy is not None and metrics.get("acc/global", -1.0) >= self.target_accuracy
+        if self._time_to_target is None and reached:
+            self._time_to_target = metrics["time/elapsed"]
+        if self._time_to_target is not None:
+            out["time/to_target"] = self._time_to_target
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"time_sum": torch.from_numpy(self._time_sum.copy()), "time_sq": torch.from_numpy(self._time_sq.copy()),
                 "time_count": torch.from_numpy(self._time_count.copy()), "warm_times": self._warm_times,
                 "sigma2": self._sigma2, "b": self._b, "w_star": {k: float(v) for k, v in self._w_star.items()}, "warmup_time": self._warmup_time,
+                "time_to_target": self._time_to_target,
                 "structure": list(self._structure) if self._structure is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -263,4 +276,5 @@ class PSFL(Algorithm):
         self._sigma2, self._b = list(map(float, state["sigma2"])), list(map(float, state["b"]))
         self._w_star = {k: float(v) for k, v in state["w_star"].items()}
         self._warmup_time = float(state["warmup_time"])
+        self._time_to_target = state["time_to_target"]
         self._structure = tuple(state["structure"]) if state["structure"] is not None else None
