@@ -7,13 +7,22 @@ from lightning_dfl.federation.algorithms.base import (
     TaskContext,
 )
 from lightning_dfl.federation.algorithms.dadpfl import DADPFL
+from lightning_dfl.federation.algorithms.dfedavgm import DFedAvgM
+from lightning_dfl.federation.algorithms.dfedsam import DFedSAM
+from lightning_dfl.federation.algorithms.ditto import Ditto
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
+from lightning_dfl.federation.algorithms.feddst import FedDST
+from lightning_dfl.federation.algorithms.fedfomo import FedFomo
+from lightning_dfl.federation.algorithms.finetune import DPSGDFT, FedAvgFT
 from lightning_dfl.federation.algorithms.gossip import DPSGD, DisPFL, Local
 from lightning_dfl.federation.algorithms.psfl import PSFL
+from lightning_dfl.federation.algorithms.subfedavg import SubFedAvg
 from lightning_dfl.registry import Registry
 
 #: the algorithms by name (``ALGORITHMS.get(name)`` names the allowed ones for an unknown name)
-ALGORITHMS: Registry = Registry("algorithm", [(cls.name, cls) for cls in (DisPFL, DADPFL, DPSGD, Local, FedAvg, PSFL)])
+_ALL = (DisPFL, DADPFL, DPSGD, Local, FedAvg, PSFL, FedAvgFT, DPSGDFT, Ditto, DFedAvgM, DFedSAM, FedDST, SubFedAvg,
+        FedFomo)
+ALGORITHMS: Registry = Registry("algorithm", [(cls.name, cls) for cls in _ALL])
 
-__all__ = ["ALGORITHMS", "Algorithm", "DADPFL", "DPSGD", "DisPFL", "FedAvg", "GossipAlgorithm", "Local", "PSFL",
-           "RoundContext", "TaskContext"]
+__all__ = ["ALGORITHMS", "Algorithm", "DADPFL", "DFedAvgM", "DFedSAM", "DPSGD", "DPSGDFT", "DisPFL", "Ditto", "FedAvg",
+           "FedAvgFT", "FedDST", "FedFomo", "GossipAlgorithm", "Local", "PSFL", "RoundContext", "SubFedAvg", "TaskContext"]

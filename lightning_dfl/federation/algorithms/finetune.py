@@ -1,0 +1,171 @@
+"""FedAvg-FT and D-PSGD-FT (DisPFL, Dai et al., ICML 2022, App. B.4; baselines-notes section 1): the
+shared model, fine-tuned on each client's local data before that client's evaluation.
+
+Training is FedAvg's or D-PSGD's, unchanged. At every evaluated round (``trainer.eval_every``; the
+last round always) every client k computes x_k^FT = SGD_E(w) from the shared model w (FedAvg: the
+server's model; D-PSGD: the consensus x-bar = the mean of all K clients' models), as one full local
+round at the code's round index -1 (lr = lr_0 / lr_decay, the authors' ``client.train(w, -1)``),
+and is scored by x_k^FT on its own test set. The fine-tuned models are thrown away: nothing that
+trains or travels changes.
+
+Metrics: ``acc/finetune_mean|std`` (the fine-tuned models, also ``acc/personal_mean|std`` and so
+``acc/headline``), ``acc/consensus_mean|std`` (the shared model itself, as in FedAvg/D-PSGD),
+``acc/trained_mean|std`` (what the round's tasks published: FedAvg's sampled clients, D-PSGD's
+clients), ``flops/finetune_total|per_client`` (the fine-tuning's 3 x forward FLOPs per sample, kept
+out of ``flops/train_*``). The fine-tuning is an evaluation: its download of w is not counted as
+communication and it takes no simulated time.
+
+When: the authors' FedAvg-FT fine-tunes once, after round T; their D-PSGD-FT every 100 rounds
+(round % 100 == 99, which includes T = 500). Here it follows the evaluation schedule, so that
+``acc/headline`` is a fine-tuned accuracy at every round that has one (``acc/best`` never compares
+fine-tuned with plain numbers): ``eval_every: 100`` is the authors' D-PSGD-FT schedule,
+``eval_every: T`` FedAvg-FT's "after round T"; the final round, the one reported, is the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+
+from lightning_dfl.checks import check_int
+from lightning_dfl.federation.aggregation import masked_average
+from lightning_dfl.federation.algorithms.fedavg import FedAvg
+from lightning_dfl.federation.algorithms.gossip import DPSGD
+from lightning_dfl.federation.context import CountingBatches, TaskContext
+from lightning_dfl.federation.evaluation import accuracy
+from lightning_dfl.federation.plan import Task
+from lightning_dfl.seeding import derive_seed
+from lightning_dfl.stats import mean_std
+
+__all__ = ["DPSGDFT", "FedAvgFT", "SharedModelFineTuning", "evaluates"]
+
+#: the round index the fine-tuning's learning rate is taken at (lr_0 x lr_decay^-1, the authors' code)
+FINETUNE_ROUND = -1
+
+
+def evaluates(trainer: Any) -> bool:
+    """Whether the trainer's current round is an evaluated one (every ``eval_every``-th and the last)."""
+    r = trainer.current_round
+    return (r + 1) % trainer.eval_every == 0 or r == trainer.rounds - 1
+
+
+def _no_hooks(*args: Any) -> None:
+    """Fine-tuning is evaluation: the user's training callbacks (mask search, pruning) do not see it."""
+
+
+class SharedModelFineTuning(Callback):
+    """At each evaluated round's end: fine-tune the algorithm's shared model (its
+    :meth:`~Algorithm.consensus_sources`, averaged) on every client with the algorithm's own
+    :meth:`~Algorithm.configure_optimizer` and :meth:`~Algorithm.local_train` at round index -1, test it
+    on the client's test set, and log ``acc/finetune_*`` and ``flops/finetune_*``.
+
+    Args:
+        epochs: fine-tuning epochs; ``None``: the trainer's local work (``local_epochs``, or ``local_steps``).
+    """
+
+    def __init__(self, epochs: int | None = None) -> None:
+        self.epochs = epochs
+
+    @torch.no_grad()
+    def _shared(self, trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        sources = trainer.algorithm.consensus_sources(trainer.num_clients)
+        if not sources:
+            raise ValueError(f"{type(trainer.algorithm).__name__} has no shared model (consensus_sources) to fine-tune")
+        weights = masked_average(*trainer.store.gather([(s.node, s.fresh) for s in sources]))
+        return weights, trainer.store.mask(sources[0].node)
+
+    def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
+        if not evaluates(trainer):
+            return
+        algorithm, module, fabric = trainer.algorithm, trainer.module, trainer.fabric
+        shared, mask = self._shared(trainer)
+        epochs = trainer.local_epochs if self.epochs is None else self.epochs
+        steps = trainer.local_steps if self.epochs is None else None
+        accs, flops = [], 0.0
+        for k in range(trainer.num_clients):
+            module.mask.load_(mask, apply=False)
+            trainer.executor.load(shared)
+            module.mask.apply_()
+            torch.manual_seed(derive_seed(trainer.seed, "finetune/torch", trainer.current_round, k))
+            generator = torch.Generator().manual_seed(derive_seed(trainer.seed, "finetune", trainer.current_round, k))
+            batches = CountingBatches(trainer.datamodule.client_train_batches(k, generator, device=fabric.device),
+                                      trainer.convert_input)
+            ctx = TaskContext(task=Task(node=k), round_idx=FINETUNE_ROUND, num_rounds=trainer.rounds, exchange=0,
+                              num_clients=trainer.num_clients, seed=trainer.seed, module=module,
+                              optimizer=trainer.optimizer, store=trainer.store, fabric=fabric, local_epochs=epochs,
+                              local_steps=steps, call=_no_hooks, test_batches=lambda k=k: trainer.test_batches(k),
+                              worker=trainer.worker, train_batches=batches)
+            algorithm.configure_optimizer(ctx)
+            if epochs or steps:
+                with torch.enable_grad():
+                    algorithm.local_train(ctx)
+            flops += batches.samples * 3 * module.forward_flops()
+            accs.append(accuracy(module, fabric, trainer.test_batches(k)))
+        trainer.optimizer.state.clear()
+        trainer.executor.load(shared)  # the worker holds the shared model again, as the round left it
+        mean, std = mean_std(accs)
+        trainer.log_metrics({"acc/finetune_mean": mean, "acc/finetune_std": std, "flops/finetune_total": flops,
+                             "flops/finetune_per_client": flops / trainer.num_clients})
+
+
+class _FineTuned:
+    """The fine-tuning evaluation added to a method with a shared model (mixed in before it)."""
+
+    headline = "personal"  # each client's personal model is its fine-tuned copy of the shared model
+
+    def _init_finetune(self, finetune_epochs: int | None) -> None:
+        if finetune_epochs is not None:
+            check_int("finetune_epochs (None: the trainer's local epochs)", finetune_epochs, 0)
+        self.finetune_epochs = finetune_epochs
+
+    def callbacks(self) -> list[Callback]:
+        return [*super().callbacks(), SharedModelFineTuning(self.finetune_epochs)]  # type: ignore[misc]
+
+    def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The fine-tuned models are the clients' personal models (the headline); what the round's
+        tasks published moves to ``acc/trained_*``."""
+        out = dict(super().round_metrics(metrics))  # type: ignore[misc]
+        if "acc/finetune_mean" in metrics:
+            for stat in ("mean", "std"):
+                if f"acc/personal_{stat}" in metrics:
+                    out[f"acc/trained_{stat}"] = metrics[f"acc/personal_{stat}"]
+                out[f"acc/personal_{stat}"] = metrics[f"acc/finetune_{stat}"]
+        return out
+
+
+class FedAvgFT(_FineTuned, FedAvg):
+    """FedAvg-FT (DisPFL App. B.4): FedAvg (McMahan et al., 2017), then at each evaluated round every
+    client fine-tunes the server model w with one local round, x_k^FT = SGD_E(w) at lr_0 / lr_decay,
+    and is scored by x_k^FT.
+
+    Args:
+        clients_per_round: clients the server samples each round (papers: 10 of 100).
+        finetune_epochs: E of the fine-tuning; ``None`` (default): the trainer's local epochs (a full round).
+    """
+
+    name = "fedavg_ft"
+
+    def __init__(self, clients_per_round: int = 10, finetune_epochs: int | None = None) -> None:
+        super().__init__(clients_per_round)
+        self._init_finetune(finetune_epochs)
+
+
+class DPSGDFT(_FineTuned, DPSGD):
+    """D-PSGD-FT (DisPFL App. B.4): D-PSGD (Lian et al., 2017), then at each evaluated round every client
+    fine-tunes the consensus model x-bar = (1/K) sum_k x_k with one local round, SGD_E(x-bar) at
+    lr_0 / lr_decay, and is scored by it.
+
+    Args:
+        num_neighbors: M, the in-neighbours of each client per round.
+        topology: see :data:`lightning_dfl.federation.topology.TOPOLOGIES`.
+        finetune_epochs: E of the fine-tuning; ``None`` (default): the trainer's local epochs (a full round).
+    """
+
+    name = "dpsgd_ft"
+
+    def __init__(self, num_neighbors: int = 10, topology: str = "time_varying",
+                 finetune_epochs: int | None = None) -> None:
+        super().__init__(num_neighbors, topology)
+        self._init_finetune(finetune_epochs)

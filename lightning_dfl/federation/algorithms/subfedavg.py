@@ -1,0 +1,234 @@
+"""Sub-FedAvg, unstructured (Vahidian et al., 2021, "Personalized Federated Learning by Structured and
+Unstructured Pruning under Data Heterogeneity"; code MMorafah/Sub-FedAvg ``main_u.py``,
+``client_u.py``, ``sub_fedavg_u.py``), as baselines-notes section 9 states its original rule.
+
+Each client keeps a personal mask m_i (the store's mask of the node; all ones at the start: the
+module's density 1). A sampled client starts from w * m_i, trains E epochs with masked gradients
+and derives two candidate masks by pruning p of the alive weights of each layer by magnitude: m1
+after epoch 1, m2 after epoch E. If their Hamming distance exceeds ``dist_thresh`` and the client
+has not reached its target density, it applies m2 (capped so that it lands on the target) and keeps
+it only if its accuracy then exceeds ``acc_thresh``; else it reverts. The server averages each
+weight over the clients that hold it, ``w = sum_k x_k / sum_k m_k`` (positions nobody holds keep the
+server's value; unmasked tensors: the plain mean). Evaluation: w * m_i on every client.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.federation.aggregation import masked_average
+from lightning_dfl.federation.algorithms.base import TaskContext
+from lightning_dfl.federation.algorithms.fedavg import FedAvg
+from lightning_dfl.federation.evaluation import accuracy
+from lightning_dfl.federation.local import train_locally
+from lightning_dfl.federation.messages import MaskedCodec, Message, gather_messages
+from lightning_dfl.federation.plan import Source
+from lightning_dfl.sparse.masks import Masks
+from lightning_dfl.sparse.select import smallest_k_mask
+from lightning_dfl.stats import mean_std
+
+_CODECS = {False: MaskedCodec(send_mask=False), True: MaskedCodec(send_mask=True)}
+
+
+def hamming(m1: Masks, m2: Masks) -> float:
+    """The mean over layers of the share of entries where the masks differ (``dist_masks``)."""
+    return sum(float((m1[n] != m2[n]).float().mean()) for n in m1) / max(len(m1), 1)
+
+
+@torch.no_grad()
+def magnitude_prune(weights: dict[str, Tensor], masks: Masks, counts: dict[str, int]) -> Masks:
+    """Each layer's mask less its ``counts[name]`` active entries of smallest |w| (ties: lower index)."""
+    out: Masks = {}
+    for name, mask in masks.items():
+        flat = mask.reshape(-1).bool()
+        score = weights[name].detach().abs().reshape(-1).masked_fill(~flat, math.inf)
+        out[name] = (flat & ~smallest_k_mask(score, counts[name])).view_as(mask)
+    return out
+
+
+def prune_counts(masks: Masks, fraction: float, target_active: int) -> dict[str, int]:
+    """``round(fraction * alive)`` per layer (``fake_prune``'s percentile), or, where that would pass the
+    target, exactly the ``alive - target_active`` weights spread over the layers in proportion to their
+    alive counts (largest remainders first): the step lands on the target (``client_u.py``'s cap)."""
+    alive = {n: int(m.sum()) for n, m in masks.items()}
+    total = sum(alive.values())
+    counts = {n: int(math.floor(fraction * a + 0.5)) for n, a in alive.items()}
+    if total - sum(counts.values()) >= target_active:
+        return counts
+    need = max(total - target_active, 0)
+    exact = {n: need * a / total for n, a in alive.items()} if total else {n: 0.0 for n in alive}
+    counts = {n: int(math.floor(e)) for n, e in exact.items()}
+    order = sorted(alive, key=lambda n: -(exact[n] - counts[n]))  # stable: ties keep the layer order
+    for n in order[: need - sum(counts.values())]:
+        counts[n] += 1
+    return counts
+
+
+@torch.no_grad()
+def holder_mean(messages: list[Message], server: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``sum_k x_k / sum_k m_k`` per position (``Sub_FedAVG_U``); positions no client holds keep
+    ``server``'s value; unmasked tensors take the plain mean."""
+    weights, masks = gather_messages(messages)
+    average = masked_average(weights, masks)
+    for name, held in masks.items():
+        nobody = ~held[0].bool()
+        for m in held[1:]:
+            nobody &= ~m.bool()
+        average[name][nobody] = server[name][nobody].to(average[name].dtype)
+    return average
+
+
+class SubFedAvg(FedAvg):
+    """Sub-FedAvg (unstructured) on the engine's star: FedAvg's sampling, personal masks in the store.
+
+    Args:
+        clients_per_round: clients the server samples each round (papers: 10 of 100).
+        prune_fraction: p, the share of each layer's alive weights a candidate mask prunes (code 0.1).
+        target_density: the density (share of the masked set kept) at which pruning stops (code: 30%
+            pruned, 0.7; the DisPFL copy 0.5).
+        dist_thresh: the Hamming distance between m1 and m2 above which a client prunes (code 1e-4).
+        acc_thresh: the accuracy (in [0, 1]) on the client's test set that a pruned model must exceed to
+            be kept (code 50%).
+
+    Logged: ``acc/subnetwork_mean|std`` (w * m_i on every client's test set, the notes' evaluation;
+    ``acc/personal_mean`` is the sampled clients' trained models), ``subfedavg/density_mean`` (over
+    all clients), ``subfedavg/pruned_clients`` (accepted prunings this round), ``flops/check``.
+    """
+
+    name = "subfedavg"
+    headline = "personal"
+
+    def __init__(self, clients_per_round: int = 10, prune_fraction: float = 0.1, target_density: float = 0.7,
+                 dist_thresh: float = 1e-4, acc_thresh: float = 0.5) -> None:
+        super().__init__(check_int("clients_per_round", clients_per_round, 1))
+        if not is_number(prune_fraction) or not 0.0 < prune_fraction < 1.0:
+            raise ValueError(f"prune_fraction (p) must be a number in (0, 1), got {prune_fraction!r}")
+        if not is_number(target_density) or not 0.0 < target_density <= 1.0:
+            raise ValueError(f"target_density must be a number in (0, 1], got {target_density!r}")
+        if not is_number(dist_thresh) or not 0.0 <= dist_thresh <= 1.0:
+            raise ValueError(f"dist_thresh must be a number in [0, 1], got {dist_thresh!r}")
+        if not is_number(acc_thresh) or not 0.0 <= acc_thresh <= 1.0:
+            raise ValueError(f"acc_thresh must be an accuracy in [0, 1], got {acc_thresh!r}")
+        self.prune_fraction = float(prune_fraction)
+        self.target_density = float(target_density)
+        self.dist_thresh = float(dist_thresh)
+        self.acc_thresh = float(acc_thresh)
+        self._pruned = 0
+        self._check_flops = 0.0
+        self._tasks = 0
+
+    def callbacks(self) -> list[Any]:
+        return [SubnetworkEvaluation()]
+
+    def consensus_sources(self, num_clients: int) -> None:
+        return None  # the dense server model alone is not what Sub-FedAvg evaluates (see SubnetworkEvaluation)
+
+    # -- communication: sparse both ways -----------------------------------------------------------
+    def message(self, ctx: TaskContext, source: Source) -> Message:
+        """Server -> client: the entries of the client's mask (it knows its mask). Client -> server: its
+        active values, with its mask bits when the mask changed this round."""
+        store, server = ctx.store, ctx.num_clients
+        weights, mask = store.published(source.node, source.fresh)
+        if source.node == server and ctx.node != server:
+            return _CODECS[False].encode(weights, store.mask(ctx.node), sender=server,
+                                         masked_names=store.masked_names)
+        changed = source.fresh and any(not torch.equal(mask[n], store.published(source.node)[1][n]) for n in mask)
+        return _CODECS[bool(changed)].encode(weights, mask, sender=source.node, masked_names=store.masked_names,
+                                             active_values=store.active_values(source.node, source.fresh))
+
+    def aggregate(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor] | None:
+        """w * m_i: the server's model (the executor applies the client's own mask)."""
+        (message,) = messages
+        return message.weights
+
+    def server_step(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor]:
+        return holder_mean(messages, ctx.store.published(ctx.node)[0])
+
+    # -- a client ----------------------------------------------------------------------------------------
+    def local_train(self, ctx: TaskContext) -> float:
+        """E epochs (m1 after the first, m2 after the last), then the pruning decision (``client_u.train``)."""
+        mask = ctx.module.mask
+        epochs, steps = ctx.local_epochs, ctx.local_steps
+        per_pass = len(ctx.train_batches)
+        if steps is None:
+            parts = [("local_epochs", 1), ("local_epochs", epochs - 1)]
+        else:
+            parts = [("local_steps", min(steps, per_pass)), ("local_steps", steps - min(steps, per_pass))]
+        loss_sum, seen, candidates = 0.0, 0, []
+        for attribute, amount in parts:
+            if amount <= 0:
+                continue
+            setattr(ctx, attribute, amount)
+            before = ctx.train_batches.samples
+            loss = train_locally(self, ctx)
+            n = ctx.train_batches.samples - before
+            loss_sum, seen = loss_sum + (loss * n if n else 0.0), seen + n
+            candidates.append(self._candidate(ctx))
+        ctx.local_epochs, ctx.local_steps = epochs, steps
+        self._tasks += 1
+        loss = loss_sum / seen if seen else float("nan")
+        if not math.isfinite(loss) or not candidates:
+            return loss
+        distance = hamming(candidates[0], candidates[-1])
+        ctx.report["subfedavg/hamming"] = distance
+        if distance <= self.dist_thresh or mask.num_active() <= self._target_active(mask):
+            return loss
+        old_mask, old_weights = {n: m.clone() for n, m in mask.masks.items()}, ctx.worker_weights()
+        mask.load_(self._candidate(ctx), apply=True)  # m2, capped at the target
+        test = ctx.test_batches()
+        accepted = accuracy(ctx.module, ctx.fabric, test) > self.acc_thresh
+        self._check_flops += getattr(test, "samples", 0) * ctx.module.forward_flops()
+        if accepted:
+            self._pruned += 1
+        else:
+            mask.load_(old_mask, apply=False)
+            ctx.load_weights(old_weights)
+        ctx.report["subfedavg/accepted"] = float(accepted)
+        return loss
+
+    def _target_active(self, mask: Any) -> int:
+        return math.ceil(self.target_density * mask.num_masked() - 1e-9)
+
+    def _candidate(self, ctx: TaskContext) -> Masks:
+        mask = ctx.module.mask
+        weights = {n: p.detach() for n, p in mask.params.items()}
+        return magnitude_prune(weights, mask.masks, prune_counts(mask.masks, self.prune_fraction,
+                                                                 self._target_active(mask)))
+
+    def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        out = {"subfedavg/pruned_clients": float(self._pruned), "flops/check": self._check_flops}
+        if self._check_flops:
+            out["flops/train_total"] = metrics.get("flops/train_total", 0.0) + self._check_flops
+            out["flops/train_per_client"] = (metrics.get("flops/train_per_client", 0.0)
+                                             + self._check_flops / max(self._tasks, 1))
+        self._pruned, self._check_flops, self._tasks = 0, 0.0, 0
+        return out
+
+
+class SubnetworkEvaluation(FederatedCallback):
+    """At evaluation rounds: the server's model under each client's personal mask, w * m_i, on that
+    client's test set (``acc/subnetwork_mean|std``), and the clients' mean density."""
+
+    def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
+        store, server = trainer.store, trainer.num_clients
+        densities = [float(sum(int(m.sum()) for m in store.mask(k).values()) / max(store.masked_size(), 1))
+                     for k in range(server)]
+        trainer.log_metrics({"subfedavg/density_mean": sum(densities) / len(densities)})
+        round_idx = trainer.current_round
+        if (round_idx + 1) % trainer.eval_every and round_idx != trainer.rounds - 1:
+            return
+        weights, _ = store.published(server)
+        accs = []
+        for k in range(server):
+            pl_module.mask.load_(store.mask(k), apply=False)
+            trainer.executor.load(weights)
+            pl_module.mask.apply_()
+            accs.append(accuracy(pl_module, trainer.fabric, trainer.test_batches(k)))
+        mean, std = mean_std(accs)
+        trainer.log_metrics({"acc/subnetwork_mean": mean, "acc/subnetwork_std": std})
