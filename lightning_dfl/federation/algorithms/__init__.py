@@ -6,6 +6,7 @@ from lightning_dfl.federation.algorithms.base import (
     RoundContext,
     TaskContext,
 )
+from lightning_dfl.federation.algorithms.beer import BEER
 from lightning_dfl.federation.algorithms.dadpfl import DADPFL
 from lightning_dfl.federation.algorithms.dfedavgm import DFedAvgM
 from lightning_dfl.federation.algorithms.dfedsam import DFedSAM
@@ -15,14 +16,15 @@ from lightning_dfl.federation.algorithms.feddst import FedDST
 from lightning_dfl.federation.algorithms.fedfomo import FedFomo
 from lightning_dfl.federation.algorithms.finetune import DPSGDFT, FedAvgFT
 from lightning_dfl.federation.algorithms.gossip import DPSGD, DisPFL, Local
+from lightning_dfl.federation.algorithms.gossipfl import GossipFL
 from lightning_dfl.federation.algorithms.psfl import PSFL
 from lightning_dfl.federation.algorithms.subfedavg import SubFedAvg
 from lightning_dfl.registry import Registry
 
 #: the algorithms by name (``ALGORITHMS.get(name)`` names the allowed ones for an unknown name)
 _ALL = (DisPFL, DADPFL, DPSGD, Local, FedAvg, PSFL, FedAvgFT, DPSGDFT, Ditto, DFedAvgM, DFedSAM, FedDST, SubFedAvg,
-        FedFomo)
+        FedFomo, GossipFL, BEER)
 ALGORITHMS: Registry = Registry("algorithm", [(cls.name, cls) for cls in _ALL])
 
-__all__ = ["ALGORITHMS", "Algorithm", "DADPFL", "DFedAvgM", "DFedSAM", "DPSGD", "DPSGDFT", "DisPFL", "Ditto", "FedAvg",
-           "FedAvgFT", "FedDST", "FedFomo", "GossipAlgorithm", "Local", "PSFL", "RoundContext", "SubFedAvg", "TaskContext"]
+__all__ = ["ALGORITHMS", "Algorithm", "BEER", "DADPFL", "DFedAvgM", "DFedSAM", "DPSGD", "DPSGDFT", "DisPFL", "Ditto", "FedAvg",
+           "FedAvgFT", "FedDST", "FedFomo", "GossipAlgorithm", "GossipFL", "Local", "PSFL", "RoundContext", "SubFedAvg", "TaskContext"]

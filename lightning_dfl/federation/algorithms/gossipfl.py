@@ -1,0 +1,114 @@
+"""GossipFL (Tang et al., 2022; wizard1203/GossipFL ``SAPS_FL``): sparsified gossip over a random
+perfect matching.
+
+The original's iteration (``decentralized_worker_manager.run_sync``, baselines notes section 6):
+
+1. the topology is a maximum matching on the links above a bandwidth threshold; with uniform
+   bandwidth, a random perfect matching, W_ii = W_i,pi(i) = 1/2;
+2. each client sparsifies its model (random-k, ``compress_ratio`` 0.01 by default; top-k as an
+   option) and sends the selected values (and their indices) to its one peer;
+3. the receiver forms 1/2 x_i + 1/2 (the peer's values at the peer's indices, zeros elsewhere) and
+   overwrites only its OWN selected coordinates with it (``uncompress`` then ``uncompress_direct``);
+   every other coordinate is unchanged;
+4. then local SGD.
+
+With random-k drawn from a seed the pair shares, both sides select the same set S and step 3 is the
+symmetric pairwise average x_i[S] = x_pi(i)[S] = (x_i[S] + x_pi(i)[S]) / 2 (the pair's sum is kept);
+the indices need not be sent (:class:`RandomKCodec` with ``bytes_per_index=0``). With top-k the two
+sets differ and the rule is applied as the original applies it (indices counted, 4 B each).
+
+Here a round is one matching and one gossip step, then the trainer's local work:
+``trainer.local_steps: 1`` is the original cadence (one SGD step per gossip), ``local_epochs`` E the
+papers' round. With an odd number of active clients, one client, drawn uniformly each round, has no
+peer: it neither sends nor receives and only trains (a maximum matching).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext
+from lightning_dfl.federation.messages import Message, RandomKCodec, TopKCodec
+from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.seeding import derive_seed
+
+#: the sparsifiers GossipFL offers
+COMPRESSORS = ("random_k", "top_k")
+
+
+def random_matching(clients: list[int], rng) -> list[tuple[int, int]]:
+    """A uniformly random perfect matching of ``clients`` (a maximum one when their number is odd: the
+    last client of a random order is left out)."""
+    order = [clients[i] for i in rng.permutation(len(clients))]
+    return [(order[i], order[i + 1]) for i in range(0, len(order) - 1, 2)]
+
+
+def pair_seed(seed: int, round_idx: int, exchange: int, a: int, b: int) -> int:
+    """The seed both peers of the pair {a, b} draw their random-k coordinates from (symmetric in a, b)."""
+    return derive_seed(seed, "gossipfl/pair", round_idx, exchange, min(a, b), max(a, b))
+
+
+class GossipFL(Algorithm):
+    """GossipFL / SAPS-FL: per round a random perfect matching; each pair exchanges a sparsified model
+    and each side overwrites its selected coordinates with the pair's mix (module docstring), then
+    trains. Headline: each client's model on its own test set; ``acc/consensus_mean`` is the mean
+    model's.
+
+    Args:
+        compress_ratio: the share of each tensor's entries a client sends, in (0, 1] (SAPS_FL's
+            ``compress_ratio``, 0.01).
+        compressor: ``"random_k"`` (default: coordinates drawn from the pair's shared seed, values only)
+            or ``"top_k"`` (each side's largest entries, values plus 4-byte indices).
+    """
+
+    name = "gossipfl"
+
+    def __init__(self, compress_ratio: float = 0.01, compressor: str = "random_k") -> None:
+        if compressor not in COMPRESSORS:
+            raise ValueError(f"unknown compressor {compressor!r}; allowed: {', '.join(COMPRESSORS)}")
+        if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, (int, float)) \
+                or not 0 < compress_ratio <= 1:
+            raise ValueError(f"compress_ratio must be a number in (0, 1], got {compress_ratio!r}")
+        self.compress_ratio = float(compress_ratio)
+        self.compressor = compressor
+        self._codec = (RandomKCodec(self.compress_ratio, bytes_per_index=0) if compressor == "random_k"
+                       else TopKCodec(self.compress_ratio))
+
+    def plan_round(self, ctx: RoundContext) -> RoundPlan:
+        peers = {}
+        for a, b in random_matching(ctx.active_clients, ctx.rng):
+            peers[a], peers[b] = b, a
+        tasks = [Task(node=k, sources=(Source(k), Source(peers[k])) if k in peers else ())
+                 for k in ctx.active_clients]
+        return RoundPlan(ctx.round_idx, tasks, meta={"pairs": sorted((a, b) for a, b in peers.items() if a < b)})
+
+    def selection_generator(self, ctx: TaskContext, peer: int) -> torch.Generator:
+        """The generator of the pair {ctx.node, peer}: both sides draw the same coordinates."""
+        return torch.Generator().manual_seed(pair_seed(ctx.seed, ctx.round_idx, ctx.exchange, ctx.node, peer))
+
+    def message(self, ctx: TaskContext, source: Source) -> Message:
+        """The sender's sparsified model; the receiver's own one (not sent) carries its own selection."""
+        peer = next(s.node for s in ctx.task.sources if s.node != ctx.node)
+        weights, mask = ctx.store.published(source.node, source.fresh)
+        return self._codec.encode(weights, mask, sender=source.node, masked_names=ctx.store.masked_names,
+                                  generator=self.selection_generator(ctx, peer))
+
+    def aggregate(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor] | None:
+        """SAPS_FL's rule: x_i[S_i] <- 1/2 x_i[S_i] + 1/2 (peer's sent values)[S_i]; the rest unchanged."""
+        if len(messages) < 2:
+            return None  # unmatched this round: keep the own model
+        own_message, peer_message = messages
+        own, _ = ctx.store.published(ctx.node)
+        out = {}
+        for name, x in own.items():
+            selected = own_message.mask.get(name) if own_message.mask is not None else None
+            if selected is None:  # a non-floating entry: not gossiped
+                out[name] = x.clone()
+                continue
+            mixed = 0.5 * x + 0.5 * peer_message.weights[name]
+            out[name] = x.where(~selected, mixed)
+        return out
+
+    def consensus_sources(self, num_clients: int) -> list[Source]:
+        return [Source(k) for k in range(num_clients)]
