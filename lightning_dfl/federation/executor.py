@@ -9,6 +9,7 @@ will walk the same :meth:`RoundPlan.levels`.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,7 +31,7 @@ class SerialExecutor:
     """Runs every task of a plan in dependency order on the trainer's one worker."""
 
     def __init__(self, trainer: FederatedTrainer) -> None:
-        self.trainer = trainer
+        self.trainer = weakref.proxy(trainer)  # no reference cycle: a finished trainer (and its store) is freed
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
