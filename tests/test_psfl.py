@@ -174,3 +174,16 @@ def test_time_to_target_is_the_elapsed_time_of_the_first_evaluation_reaching_it(
     first = next(i for i, m in enumerate(h) if m["acc/global"] >= 0.3)
     assert "time/to_target" not in h[first - 1] if first else True
     assert all(m["time/to_target"] == h[first]["time/elapsed"] for m in h[first:])
+
+
+def test_time_estimates_count_each_round_once_when_stragglers_make_it_replan():
+    ran = []
+
+    class Count(FederatedCallback):
+        def on_client_before_aggregation(self, trainer, pl_module, client_id):
+            ran.append(client_id)
+
+    algo = PSFL(clients_per_round=4, sequences=2, sampler="time")
+    trainer = _fit(algo, rounds=4, callbacks=[Count()], clock=Clock(distribution="discrete", noise=0.2), deadline=6.0)
+    assert sum(m["faults/stragglers"] for m in trainer.history) > 0  # some rounds were planned again
+    assert algo._time_count.sum() == len(ran)  # each client that ran is observed once per round

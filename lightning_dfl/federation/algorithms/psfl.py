@@ -100,6 +100,7 @@ class PSFL(Algorithm):
         self._grad_count = 0
         self._warmup_time = 0.0
         self._time_to_target: float | None = None
+        self._pending: tuple[list[int], tuple[float, ...] | None, bool] | None = None
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -161,7 +162,7 @@ class PSFL(Algorithm):
             tasks.append(Task(node=seq[0], sources=(first,)))
             tasks += [Task(node=k, sources=(Source(prev, fresh=True),)) for prev, k in zip(seq, seq[1:])]
         tasks.append(Task(node=server, sources=tuple(Source(seq[-1], fresh=True) for seq in sequences), train=False))
-        self._observe([k for seq in sequences for k in seq], ctx.durations)
+        self._pending = ([k for seq in sequences for k in seq], ctx.durations, False)
         self._round_metrics.update({"psfl/W": float(len(sequences)), "psfl/S": float(length)})
         self._round_metrics.update({f"psfl/{k}": v for k, v in self._w_star.items()})
         return RoundPlan(ctx.round_idx, tasks, meta={"sequences": sequences})
@@ -172,8 +173,7 @@ class PSFL(Algorithm):
         clients = ctx.active_clients
         tasks = [Task(node=k, sources=(Source(warm),)) for k in clients]
         tasks.append(Task(node=warm, sources=tuple(Source(k, fresh=True) for k in clients), train=False))
-        self._observe(clients, ctx.durations)
-        self._warm_times.append([1.0 if ctx.durations is None else float(ctx.durations[k]) for k in clients])
+        self._pending = (clients, ctx.durations, True)
         return RoundPlan(ctx.round_idx, tasks, meta={"warmup": True})
 
     def _solve_structure(self) -> None:
@@ -250,6 +250,14 @@ class PSFL(Algorithm):
 
     # -- reporting and checkpoints ----------------------------------------------------------
     def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Logs the structure and the warm-up's estimates, and records the round's observed times (here,
+        once the round ran: a plan may be drawn again, e.g. without stragglers, and only the last counts)."""
+        if self._pending is not None:
+            clients, durations, warmup = self._pending
+            self._observe(clients, durations)
+            if warmup:
+                self._warm_times.append([1.0 if durations is None else float(durations[k]) for k in clients])
+            self._pending = None
         if metrics.get("psfl/warmup", self._round_metrics.get("psfl/warmup")):
             self._warmup_time += metrics.get("time/duration", 0.0)
         out = {**self._round_metrics, "time/warmup": self._warmup_time}
