@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_dfl.checks import check_int, is_int, is_number
+from lightning_dfl.checks import check_int, check_positive, is_int
 
 from .datasets import DATASETS, ImageData, Split, load_dataset
 from .partition import (
@@ -189,8 +189,7 @@ class FederatedDataModule(L.LightningDataModule):
         if root is not None and not isinstance(root, (str, Path)):
             raise ValueError(f"root must be a path or None, got {root!r}")
         check_int("num_clients", num_clients, 1)
-        if not is_number(alpha) or not alpha > 0:
-            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+        check_positive("alpha", alpha)
         check_int("classes_per_client", classes_per_client, 1)
         check_int("min_size", min_size, 0)
         if not (is_int(test_samples_per_client) and test_samples_per_client >= 1):

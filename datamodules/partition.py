@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.checks import check_int, check_positive
 from lightning_dfl.registry import Registry
 
 __all__ = [
@@ -105,9 +105,7 @@ class DirichletPartitioner(Partitioner):
     """
 
     def __init__(self, alpha: float, min_size: int = 10, max_attempts: int = 1000) -> None:
-        if not is_number(alpha) or not alpha > 0:
-            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
-        self.alpha = float(alpha)
+        self.alpha = check_positive("alpha", alpha)
         self.min_size = check_int("min_size", min_size, 0)
         self.max_attempts = check_int("max_attempts", max_attempts, 1)
 
@@ -162,9 +160,7 @@ class EqualDirichletPartitioner(Partitioner):
     """
 
     def __init__(self, alpha: float) -> None:
-        if not is_number(alpha) or not alpha > 0:
-            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
-        self.alpha = float(alpha)
+        self.alpha = check_positive("alpha", alpha)
 
     def __repr__(self) -> str:
         return f"EqualDirichletPartitioner(alpha={self.alpha})"
@@ -256,9 +252,7 @@ class ExDirPartitioner(Partitioner):
 
     def __init__(self, classes_per_client: int, alpha: float, min_size: int = 10, max_attempts: int = 1000) -> None:
         self.classes_per_client = check_int("classes_per_client", classes_per_client, 1)
-        if not is_number(alpha) or not alpha > 0:
-            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
-        self.alpha = float(alpha)
+        self.alpha = check_positive("alpha", alpha)
         self.min_size = check_int("min_size", min_size, 0)
         self.max_attempts = check_int("max_attempts", max_attempts, 1)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["check_int", "is_int", "is_number"]
+__all__ = ["check_int", "check_positive", "is_int", "is_number"]
 
 
 def is_int(value: object) -> bool:
@@ -41,3 +41,10 @@ def check_int(name: str, value: object, minimum: int | None = None, maximum: int
     else:
         allowed = ""
     raise ValueError(f"{name} must be an integer{allowed}, got {value!r}")
+
+
+def check_positive(name: str, value: object) -> float:
+    """``value`` as a ``float`` if it is a finite number > 0, else ``ValueError`` naming ``name`` and the value."""
+    if is_number(value) and value > 0:
+        return float(value)
+    raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from lightning_dfl.checks import check_int, is_int, is_number
+from lightning_dfl.checks import check_int, check_positive, is_int, is_number
 from lightning_dfl.stats import mean_std
 
 # ----------------------------------------------------------------------------- checks
@@ -71,3 +72,10 @@ def test_accounting_reexports_the_shared_helper():
     from lightning_dfl.federation import accounting
 
     assert accounting.mean_std is mean_std
+
+
+def test_check_positive_names_the_value():
+    assert check_positive("alpha", 2) == 2.0 and isinstance(check_positive("alpha", 2), float)
+    for bad in (0, -1.5, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match=f"alpha must be a finite number > 0, got {re.escape(repr(bad))}"):
+            check_positive("alpha", bad)

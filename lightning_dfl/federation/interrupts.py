@@ -11,7 +11,7 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,7 +42,7 @@ class StopRequest:
 
 
 @contextmanager
-def stop_requests(on_abandon: callable) -> Iterator[StopRequest]:
+def stop_requests(on_abandon: Callable[[int], BaseException]) -> Iterator[StopRequest]:
     """Within this block SIGINT and SIGTERM set the yielded :class:`StopRequest`; a second signal
     raises ``on_abandon(exit_code)`` at once. Outside the main thread no handler is installed."""
     request = StopRequest()

@@ -194,6 +194,10 @@ class FederatedTrainer:
     def loggers(self) -> list[Logger]:
         return [self.logger] if self.logger else []
 
+    def evaluates(self, round_idx: int) -> bool:
+        """Whether ``round_idx`` is an evaluated round: every ``eval_every``-th, and the last."""
+        return (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
+
     def log_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics to the current round's row (callbacks use this)."""
         self._extra_metrics.update(metrics)
@@ -328,11 +332,12 @@ class FederatedTrainer:
         """A second signal: stop at once; the last checkpoint on disk (if any) resumes."""
         return self._interrupted(exit_code, f"abandoned round {self.current_round}")
 
-    def round_context(self, round_idx: int, excluded: frozenset[int] = frozenset()) -> RoundContext:
+    def round_context(self, round_idx: int, excluded: frozenset[int] = frozenset(),
+                      durations: tuple[float, ...] | None = None) -> RoundContext:
         """What the algorithm reads when it plans ``round_idx``: sizes, the plan stream, the clock's
-        compute times and the participants (the algorithm's choice, less the clients that dropped out
-        and ``excluded`` ones: stragglers)."""
-        durations = self.clock.compute_times(round_idx)
+        compute times (``durations`` per node, drawn when not given) and the participants (the
+        algorithm's choice, less the clients that dropped out and ``excluded`` ones: stragglers)."""
+        durations = self.clock.compute_times(round_idx) if durations is None else durations
         ctx = RoundContext(round_idx, self.rounds, self.num_clients, self.sample_counts,
                            np.random.default_rng(derive_seed(self.seed, "plan", round_idx)),
                            durations[:self.num_clients])
@@ -351,14 +356,13 @@ class FederatedTrainer:
             active &= {k for k in range(self.num_clients) if draws[k] >= self.dropout}
         return dataclasses.replace(ctx, participants=tuple(sorted(active - excluded)))
 
-    def _plan_first_exchange(self, round_idx: int) -> tuple[RoundContext, Any, int]:
+    def _plan_first_exchange(self, round_idx: int, durations: tuple[float, ...]) -> tuple[RoundContext, Any, int]:
         """Plan the round's first exchange; with a deadline, drop the clients whose task would finish
         after it and plan again until every task meets it. Returns the context, the plan and the
         number of stragglers dropped."""
         excluded: frozenset[int] = frozenset()
-        durations = self.clock.compute_times(round_idx)
         while True:
-            ctx = self.round_context(round_idx, excluded)
+            ctx = self.round_context(round_idx, excluded, durations)
             plan = self.algorithm.plan_round(ctx)
             if self.deadline is None:
                 return ctx, plan, 0
@@ -374,10 +378,10 @@ class FederatedTrainer:
         wall = time.perf_counter()
         self.current_round = round_idx
         self._extra_metrics = {}
-        ctx, plan, stragglers = self._plan_first_exchange(round_idx)
-        evaluate = (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
+        durations = self.clock.compute_times(round_idx)  # one draw per round: planning and timing share it
+        ctx, plan, stragglers = self._plan_first_exchange(round_idx, durations)
+        evaluate = self.evaluates(round_idx)
         accounting = RoundAccounting(round_idx)
-        durations = self.clock.compute_times(round_idx)
         timings = []
         for exchange in range(self.algorithm.exchanges_per_round):
             if exchange:
@@ -421,13 +425,22 @@ class FederatedTrainer:
         return CountingBatches(self.datamodule.client_test_batches(client, device=self.fabric.device),
                                self.convert_input)
 
-    def _consensus_metrics(self) -> dict[str, float]:
+    def shared_model(self) -> tuple[dict[str, Tensor], dict[str, Tensor]] | None:
+        """The algorithm's shared model (the average of its :meth:`~Algorithm.consensus_sources`) and the
+        mask it is tested with; ``None`` when it has none."""
         sources = self.algorithm.consensus_sources(self.num_clients)
         if not sources:
-            return {}
+            return None
         # gather gives views and masked_average accumulates source by source: no (K, ...) copy
         average = masked_average(*self.store.gather([(s.node, s.fresh) for s in sources]))
-        self.module.mask.load_(self.store.mask(sources[0].node), apply=False)
+        return average, self.store.mask(sources[0].node)
+
+    def _consensus_metrics(self) -> dict[str, float]:
+        shared = self.shared_model()
+        if shared is None:
+            return {}
+        average, mask = shared
+        self.module.mask.load_(mask, apply=False)
         self.executor.load(average)
         if self.algorithm.headline == "global":
             return global_test_metrics(self.module, self.fabric, self.global_test_batches())

@@ -35,7 +35,6 @@ from torch import Tensor
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import TaskContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
-from lightning_dfl.federation.algorithms.finetune import evaluates
 from lightning_dfl.federation.context import RoundContext
 from lightning_dfl.federation.evaluation import accuracy
 from lightning_dfl.federation.local import train_locally
@@ -60,7 +59,7 @@ class PersonalModelEvaluation(Callback):
             trainer.store.write(k, PERSONAL, initial)
 
     def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
-        if not evaluates(trainer):
+        if not trainer.evaluates(trainer.current_round):
             return
         store, accs = trainer.store, []
         for k in range(trainer.num_clients):

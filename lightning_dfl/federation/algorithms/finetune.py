@@ -30,7 +30,6 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_dfl.checks import check_int
-from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
 from lightning_dfl.federation.algorithms.gossip import DPSGD
 from lightning_dfl.federation.context import CountingBatches, TaskContext
@@ -39,16 +38,10 @@ from lightning_dfl.federation.plan import Task
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.stats import mean_std
 
-__all__ = ["DPSGDFT", "FedAvgFT", "SharedModelFineTuning", "evaluates"]
+__all__ = ["DPSGDFT", "FedAvgFT", "SharedModelFineTuning"]
 
 #: the round index the fine-tuning's learning rate is taken at (lr_0 x lr_decay^-1, the authors' code)
 FINETUNE_ROUND = -1
-
-
-def evaluates(trainer: Any) -> bool:
-    """Whether the trainer's current round is an evaluated one (every ``eval_every``-th and the last)."""
-    r = trainer.current_round
-    return (r + 1) % trainer.eval_every == 0 or r == trainer.rounds - 1
 
 
 def _no_hooks(*args: Any) -> None:
@@ -68,19 +61,14 @@ class SharedModelFineTuning(Callback):
     def __init__(self, epochs: int | None = None) -> None:
         self.epochs = epochs
 
-    @torch.no_grad()
-    def _shared(self, trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        sources = trainer.algorithm.consensus_sources(trainer.num_clients)
-        if not sources:
-            raise ValueError(f"{type(trainer.algorithm).__name__} has no shared model (consensus_sources) to fine-tune")
-        weights = masked_average(*trainer.store.gather([(s.node, s.fresh) for s in sources]))
-        return weights, trainer.store.mask(sources[0].node)
-
     def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
-        if not evaluates(trainer):
+        if not trainer.evaluates(trainer.current_round):
             return
         algorithm, module, fabric = trainer.algorithm, trainer.module, trainer.fabric
-        shared, mask = self._shared(trainer)
+        found = trainer.shared_model()
+        if found is None:
+            raise ValueError(f"{type(algorithm).__name__} has no shared model (consensus_sources) to fine-tune")
+        shared, mask = found
         epochs = trainer.local_epochs if self.epochs is None else self.epochs
         steps = trainer.local_steps if self.epochs is None else None
         accs, flops = [], 0.0

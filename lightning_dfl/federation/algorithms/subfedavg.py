@@ -220,8 +220,7 @@ class SubnetworkEvaluation(FederatedCallback):
         densities = [float(sum(int(m.sum()) for m in store.mask(k).values()) / max(store.masked_size(), 1))
                      for k in range(server)]
         trainer.log_metrics({"subfedavg/density_mean": sum(densities) / len(densities)})
-        round_idx = trainer.current_round
-        if (round_idx + 1) % trainer.eval_every and round_idx != trainer.rounds - 1:
+        if not trainer.evaluates(trainer.current_round):
             return
         weights, _ = store.published(server)
         accs = []
