@@ -161,12 +161,11 @@ class SerialExecutor:
         keys = self.trainer.algorithm.keep_optimizer_state
         if not keys:
             return
+        entries = self._optimizer_entries(ctx)
         for key in keys:
-            values = {name: ctx.optimizer.state[p][key] for name, p in self._optimizer_entries(ctx)
-                      if key in ctx.optimizer.state.get(p, {})}
-            if values:
-                full = {n: t for n, t in ctx.store.read(ctx.node, OPTIMIZER_FIELD.format(key)).items()}
-                full.update(values)
-                ctx.store.write(ctx.node, OPTIMIZER_FIELD.format(key), full)
+            stored = ctx.store.read(ctx.node, OPTIMIZER_FIELD.format(key))  # views: written in place
+            for name, p in entries:
+                if key in ctx.optimizer.state.get(p, {}):
+                    stored[name].copy_(ctx.optimizer.state[p][key])
         ctx.store.write(ctx.node, OPTIMIZER_STARTED, True)
 
