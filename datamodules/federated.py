@@ -1,7 +1,8 @@
 """The federated data module: a data set split over clients, with personal test sets.
 
 Protocol (DisPFL App. B.1, DA-DPFL Sec. VI-A): the official training split is partitioned over
-``num_clients`` clients (Dirichlet, pathological, ExDir or IID); each client's test set holds
+``num_clients`` clients (Dirichlet, pathological, ExDir, IID, or PRISAM's cluster partition:
+clients in groups, label skew between groups, IID within); each client's test set holds
 ``test_samples_per_client`` samples of the official test split drawn with the client's
 training label proportions. Clients read mini-batches straight from tensors decoded once: a
 client's images are normalised once per :meth:`~FederatedDataModule.client_train_batches`
@@ -30,6 +31,7 @@ from lightning_dfl.checks import check_int, check_positive, is_int
 from .datasets import DATASETS, ImageData, Split, load_dataset
 from .partition import (
     PARTITIONERS,
+    ClusterPartitioner,
     allocate_counts,
     build_partitioner,
     personal_test_indices,
@@ -150,8 +152,14 @@ class FederatedDataModule(L.LightningDataModule):
         root: data root (default ``$LIGHTNING_DFL_DATA`` or ``~/.cache/lightning-dfl``).
         num_clients: number of clients K.
         partition: one of :data:`~lightning_dfl.datamodules.partition.PARTITIONERS`.
-        alpha: Dirichlet concentration (``partition="dirichlet"``, ``"dirichlet_equal"`` or ``"exdir"``).
+        alpha: Dirichlet concentration (``partition="dirichlet"``, ``"dirichlet_equal"`` or ``"exdir"``; with
+            ``"cluster"`` and ``between="dirichlet"``, over the groups; PRISAM: 0.2 or 1).
         classes_per_client: classes per client (``partition="pathological"``; at most, ``"exdir"``).
+        num_groups: number of client groups k (``partition="cluster"``, where it is required; PRISAM: 5).
+            Client c is in group ``c * k // num_clients`` (contiguous blocks); see :attr:`client_groups`.
+        between: how ``partition="cluster"`` splits the classes between groups: ``"dirichlet"`` (per class,
+            ``Dir(alpha)`` over the groups) or ``"pathological"`` (``classes_per_group`` disjoint classes per group).
+        classes_per_group: classes per group (``partition="cluster"`` with ``between="pathological"``).
         min_size: least training samples per client (``partition="dirichlet"`` or ``"exdir"``).
         test_samples_per_client: size of each client's personal test set, >= 1 (DisPFL: 100).
         batch_size: training batch size (DisPFL: 128).
@@ -182,6 +190,9 @@ class FederatedDataModule(L.LightningDataModule):
         seed: int = 0,
         download: bool = False,
         max_train_samples: int | None = None,
+        num_groups: int | None = None,
+        between: str = "dirichlet",
+        classes_per_group: int = 2,
     ) -> None:
         super().__init__()
         DATASETS.get(dataset)  # an unknown name raises ValueError listing the allowed ones
@@ -192,6 +203,18 @@ class FederatedDataModule(L.LightningDataModule):
         check_positive("alpha", alpha)
         check_int("classes_per_client", classes_per_client, 1)
         check_int("min_size", min_size, 0)
+        if num_groups is not None:
+            check_int("num_groups", num_groups, 1)
+            if is_int(num_clients) and num_groups > num_clients:
+                raise ValueError(f"num_groups={num_groups} exceeds num_clients={num_clients}: every group needs a "
+                                 f"client; use at most {num_clients} groups")
+        elif partition == "cluster":
+            raise ValueError("partition='cluster' needs num_groups (the number of client groups k, an integer >= 1; "
+                             "PRISAM: 5), got None")
+        if between not in ClusterPartitioner.BETWEEN:
+            raise ValueError(f"between must be one of {', '.join(repr(b) for b in ClusterPartitioner.BETWEEN)} (how "
+                             f"partition='cluster' splits classes between groups), got {between!r}")
+        check_int("classes_per_group", classes_per_group, 1)
         if not (is_int(test_samples_per_client) and test_samples_per_client >= 1):
             raise ValueError(
                 f"test_samples_per_client must be an integer >= 1 (each client's accuracy, the run's headline "
@@ -214,6 +237,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.dataset, self.root, self.num_clients = dataset, root, num_clients
         self.partition, self.alpha, self.classes_per_client = partition, float(alpha), classes_per_client
         self.min_size, self.test_samples_per_client = min_size, test_samples_per_client
+        self.num_groups, self.between, self.classes_per_group = num_groups, between, classes_per_group
         if max_train_samples is not None and not (is_int(max_train_samples) and max_train_samples >= num_clients):
             raise ValueError(
                 f"max_train_samples must be None (the whole training split) or an integer >= num_clients={num_clients} "
@@ -224,7 +248,8 @@ class FederatedDataModule(L.LightningDataModule):
         self.augment = dataset not in NO_AUGMENT_BY_DEFAULT if augment is None else augment
         self.image_size_override, self.seed, self.download = image_size, seed, download
         self.batch_augment = BatchAugment(random_crop_padding=4 if self.augment else 0, horizontal_flip=self.augment)
-        options = {"alpha": self.alpha, "classes_per_client": classes_per_client, "min_size": min_size}
+        options = {"alpha": self.alpha, "classes_per_client": classes_per_client, "min_size": min_size,
+                   "num_groups": num_groups, "between": between, "classes_per_group": classes_per_group}
         accepted = inspect.signature(partitioner_class).parameters
         self.partitioner = build_partitioner(partition, **{k: v for k, v in options.items() if k in accepted})
         self._split: Split | None = None
@@ -377,6 +402,15 @@ class FederatedDataModule(L.LightningDataModule):
         """Image height H."""
         return self.input_shape[1]
 
+    @property
+    def client_groups(self) -> tuple[int, ...] | None:
+        """The true group of each client for a partition with groups (``partition="cluster"``), else ``None``.
+
+        Fixed by ``num_clients`` and ``num_groups`` alone (client c: ``c * num_groups // num_clients``); needs no setup.
+        """
+        groups = getattr(self.partitioner, "groups", None)
+        return None if groups is None else tuple(int(g) for g in groups(self.num_clients))
+
     # ------------------------------------------------------------------ per client
 
     def client_train_indices(self, k: int) -> np.ndarray:
@@ -476,6 +510,8 @@ class FederatedDataModule(L.LightningDataModule):
     def _identity(self) -> dict[str, Any]:
         keys = ("dataset", "num_clients", "partition", "alpha", "classes_per_client", "min_size",
                 "test_samples_per_client", "image_size", "seed", "max_train_samples")
+        if self.hparams["partition"] == "cluster":  # other partitions' checkpoints stay as they were
+            keys += ("num_groups", "between", "classes_per_group")
         return {key: self.hparams[key] for key in keys}
 
     def state_dict(self) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 One small class per scheme (Flower-Datasets style): a :class:`Partitioner` maps the training
 labels, the number of clients and a seed to one sorted index array per client, disjoint.
 DisPFL App. B.1 uses the Dirichlet partition of Hsu et al. (2019) and the pathological
-partition; PSFL's ExDir(C, alpha) is :class:`ExDirPartitioner`. New schemes (e.g. cluster
-partitions) are new subclasses registered with :func:`register_partitioner`.
+partition; PSFL's ExDir(C, alpha) is :class:`ExDirPartitioner`; PRISAM's cluster partitions
+(clients in groups, label skew between the groups, IID within) are :class:`ClusterPartitioner`.
+New schemes are new subclasses registered with :func:`register_partitioner`.
 :func:`personal_test_indices` draws a client's test set from the official test split with the
 client's training label proportions (DisPFL App. B.1).
 """
@@ -21,6 +22,7 @@ from lightning_dfl.registry import Registry
 
 __all__ = [
     "PARTITIONERS",
+    "ClusterPartitioner",
     "DirichletPartitioner",
     "EqualDirichletPartitioner",
     "ExDirPartitioner",
@@ -315,6 +317,117 @@ class ExDirPartitioner(Partitioner):
             f"every one of the {num_classes} classes at least {need} holder(s) in {100 * self.max_attempts} attempts; "
             "raise num_clients or classes_per_client"
         )
+
+
+@register_partitioner("cluster")
+class ClusterPartitioner(Partitioner):
+    """PRISAM's cluster partition (PRISAM Sec. V; prisam-notes item 17): label skew between groups, IID within.
+
+    The K clients form ``num_groups`` (k) groups of contiguous clients: client ``c`` is in group
+    ``c * k // K`` (see :meth:`groups`), so group sizes differ by at most one and are equal when k
+    divides K (the paper: 200 devices in 5 groups of 40). The training samples are first divided
+    among the groups, then each group's samples are shuffled and cut into equal shares (sizes
+    differ by at most one) among its clients, in client order. Between the groups, ``between``:
+
+    - ``"dirichlet"``: for each class in turn (ascending labels), group proportions
+      ``q ~ Dir(alpha * 1_k)``; the class's shuffled samples go to the groups in counts proportional
+      to ``q`` (largest-remainder rounding). Every sample is assigned. The whole draw is repeated
+      (at most ``max_attempts`` times) until every group holds at least one sample per client,
+      so no client is empty (the paper gives no such rule; tiny ``alpha`` with many groups needs it).
+      The paper uses ``alpha`` 0.2 and 1.
+    - ``"pathological"``: a random permutation of the classes gives group g the classes
+      ``perm[g * n : (g + 1) * n]`` with ``n = classes_per_group`` (the paper: 2; 20 for CIFAR-100),
+      disjoint across groups; all samples of a class go to its group. ``n * k`` must not exceed the
+      number of classes; classes of no group (``n * k < C``) stay unassigned, as in ``pathological``.
+
+    All draws come from the seed's generator: the class-to-group draw, then the within-group shuffles.
+    """
+
+    #: The allowed values of ``between``.
+    BETWEEN = ("dirichlet", "pathological")
+
+    def __init__(self, num_groups: int, between: str = "dirichlet", alpha: float = 0.2, classes_per_group: int = 2,
+                 max_attempts: int = 1000) -> None:
+        self.num_groups = check_int("num_groups", num_groups, 1)
+        if between not in self.BETWEEN:
+            raise ValueError(f"between must be one of {', '.join(repr(b) for b in self.BETWEEN)} (how classes are "
+                             f"split between the groups), got {between!r}")
+        self.between = between
+        self.alpha = check_positive("alpha", alpha)
+        self.classes_per_group = check_int("classes_per_group", classes_per_group, 1)
+        self.max_attempts = check_int("max_attempts", max_attempts, 1)
+
+    def __repr__(self) -> str:
+        detail = f"alpha={self.alpha}" if self.between == "dirichlet" else f"classes_per_group={self.classes_per_group}"
+        return f"ClusterPartitioner(num_groups={self.num_groups}, between={self.between!r}, {detail})"
+
+    def groups(self, num_clients: int) -> np.ndarray:
+        """The group of each of ``num_clients`` clients, ``int64`` of shape ``[num_clients]``: ``c * k // K``."""
+        num_clients = check_int("num_clients", num_clients, 1)
+        if num_clients < self.num_groups:
+            raise ValueError(f"num_groups={self.num_groups} exceeds num_clients={num_clients}: every group needs a "
+                             f"client; use at most {num_clients} groups")
+        return np.arange(num_clients, dtype=np.int64) * self.num_groups // num_clients
+
+    def _partition(self, labels, num_clients, rng):
+        groups = self.groups(num_clients)
+        _check_enough_samples(labels, num_clients)
+        members = [np.flatnonzero(groups == g) for g in range(self.num_groups)]
+        need = np.array([len(m) for m in members])
+        if self.between == "dirichlet":
+            owner = self._dirichlet_groups(labels, need, rng)
+        else:
+            owner = self._pathological_groups(labels, need, rng)
+        parts: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * num_clients
+        for g, clients in enumerate(members):
+            pool = rng.permutation(np.flatnonzero(owner == g))
+            for c, share in zip(clients, np.array_split(pool, len(clients))):
+                parts[c] = share
+        return parts
+
+    def _dirichlet_groups(self, labels: np.ndarray, need: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Each sample's group: per class, ``Dir(alpha)`` proportions over the groups, redrawn until no group is short."""
+        k = self.num_groups
+        by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+        for _ in range(self.max_attempts):
+            owner = np.full(len(labels), -1, dtype=np.int64)
+            for samples in by_class:
+                samples = rng.permutation(samples)
+                q = rng.dirichlet(np.full(k, self.alpha))
+                if not (np.isfinite(q).all() and q.sum() > 0):  # underflow at tiny alpha: Dir's alpha -> 0 limit
+                    q = np.zeros(k)
+                    q[rng.integers(k)] = 1.0
+                owner[samples] = np.repeat(np.arange(k), _largest_remainder(q, len(samples)))
+            if (np.bincount(owner, minlength=k) >= need).all():
+                return owner
+        raise ValueError(
+            f"cluster partition (between='dirichlet', alpha={self.alpha}) found no draw giving each of the "
+            f"{k} groups at least one sample per client ({need.max()} for the largest group) in "
+            f"{self.max_attempts} attempts; raise alpha or lower num_groups or num_clients"
+        )
+
+    def _pathological_groups(self, labels: np.ndarray, need: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Each sample's group (-1: unassigned): ``classes_per_group`` random, disjoint classes per group."""
+        classes = np.unique(labels)
+        k, n = self.num_groups, self.classes_per_group
+        if n * k > len(classes):
+            raise ValueError(
+                f"classes_per_group={n} x num_groups={k} = {n * k} exceeds the {len(classes)} classes in the labels: "
+                f"the groups' classes must be disjoint; lower classes_per_group or num_groups"
+            )
+        chosen = rng.permutation(classes)[: n * k].reshape(k, n)
+        owner = np.full(len(labels), -1, dtype=np.int64)
+        for g, group_classes in enumerate(chosen):
+            owner[np.isin(labels, group_classes)] = g
+        sizes = np.bincount(owner[owner >= 0], minlength=k)
+        short = np.flatnonzero(sizes < need)
+        if len(short):
+            g = int(short[0])
+            raise ValueError(
+                f"cluster partition (between='pathological'): group {g} holds {sizes[g]} samples (classes "
+                f"{sorted(chosen[g].tolist())}), fewer than its {need[g]} clients; lower num_clients"
+            )
+        return owner
 
 
 # --------------------------------------------------------------------------- personal test sets

@@ -259,7 +259,7 @@ def test_short_test_pools_warn():
     [
         ({"dataset": "imagenet"}, "unknown dataset 'imagenet'; allowed: .*digits"),
         ({"partition": "zipf"},
-         "unknown partition 'zipf'; allowed: dirichlet, dirichlet_equal, exdir, iid, pathological"),
+         "unknown partition 'zipf'; allowed: cluster, dirichlet, dirichlet_equal, exdir, iid, pathological"),
         ({"num_clients": 0}, "num_clients must be an integer >= 1, got 0"),
         ({"alpha": 0.0}, "alpha must be a finite number > 0, got 0.0"),
         ({"alpha": -1}, "alpha must be a finite number > 0, got -1"),

@@ -30,6 +30,10 @@ class RoundContext:
     participants: tuple[int, ...] | None = None
     #: which of the round's ``Algorithm.exchanges_per_round`` exchanges is planned (0 first)
     exchange: int = 0
+    #: the client store, to read published models and fields while planning (never written here)
+    store: Any = None
+    #: the run's seed (derive per-round streams from it with ``seeding.derive_seed``)
+    seed: int = 0
 
     @property
     def active_clients(self) -> list[int]:

@@ -55,6 +55,9 @@ class RoundPlan:
     round_idx: int
     tasks: list[Task]
     meta: dict = field(default_factory=dict)
+    #: ``(sender, receiver, bytes)`` of control messages the plan itself needed (PRISAM's mask
+    #: collection and group labels), counted as side information before the tasks run
+    side_transfers: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         nodes = [t.node for t in self.tasks]

@@ -231,6 +231,7 @@ class FederatedTrainer:
         if self.client_speeds is not None and len(self.client_speeds) != num_clients:
             raise ValueError(f"client_speeds has {len(self.client_speeds)} entries for {num_clients} clients")
         model.build_for(datamodule)
+        self.algorithm.setup(model, datamodule)
         self.module = model
         if self.cpu_threads is not None:
             torch.set_num_threads(self.cpu_threads)
@@ -340,7 +341,7 @@ class FederatedTrainer:
         durations = self.clock.compute_times(round_idx) if durations is None else durations
         ctx = RoundContext(round_idx, self.rounds, self.num_clients, self.sample_counts,
                            np.random.default_rng(derive_seed(self.seed, "plan", round_idx)),
-                           durations[:self.num_clients])
+                           durations[:self.num_clients], store=self.store, seed=self.seed)
         participants = self.algorithm.participants(ctx)
         if participants is not None:
             chosen = [int(k) for k in participants]
@@ -391,6 +392,8 @@ class FederatedTrainer:
             else:
                 self._call("on_federated_round_start")
             accounting.edge_bytes.clear()  # the clock times each exchange's own messages
+            for sender, receiver, nbytes in plan.side_transfers:
+                accounting.transfer(sender, receiver, 0, nbytes)
             self.executor.run(plan, evaluate, accounting, exchange)
             self.store.end_round()
             timings.append((self.clock.round_metrics(plan, durations, accounting.edge_bytes),

@@ -61,7 +61,7 @@ from lightning_dfl.sparse.flops import FlopsProfile, profile_flops
 
 __all__ = [
     "ChannelGroup", "ChannelMasks", "apply_channel_masks_", "channel_groups", "channel_scores", "expand",
-    "export", "inflate_state", "kept_count", "masked_macs", "masked_param_count",
+    "export", "inflate_state", "kept_count", "masked_macs", "masked_param_count", "state_channel_scores",
 ]
 
 #: Tolerance of ``floor(rho * C)`` against binary floating point (0.29 * 100 = 28.999...).
@@ -251,9 +251,15 @@ def channel_scores(model: nn.Module, groups: tuple[ChannelGroup, ...] | None = N
     """
     groups = channel_groups(model) if groups is None else groups
     modules = dict(model.named_modules())
+    return state_channel_scores({f"{n}.weight": modules[n].weight for g in groups for n in g.norms}, groups)
+
+
+def state_channel_scores(state: Mapping[str, Tensor], groups: tuple[ChannelGroup, ...]) -> dict[str, Tensor]:
+    """:func:`channel_scores` read from a state dict (``"<bn>.weight"`` entries) instead of a model:
+    e.g. an aggregated model before it is loaded (PRISAM re-prunes by the averaged ``|gamma|``)."""
     scores = {}
     for group in groups:
-        gammas = torch.stack([modules[n].weight.detach().to("cpu", torch.float64).abs() for n in group.norms])
+        gammas = torch.stack([state[f"{n}.weight"].detach().to("cpu", torch.float64).abs() for n in group.norms])
         if not torch.isfinite(gammas).all():
             raise ValueError(f"non-finite BN scaling factors in channel group {group.name!r}")
         scores[group.name] = gammas.mean(dim=0)
@@ -292,12 +298,17 @@ class ChannelMasks(Mapping[str, Tensor]):
         The score is :func:`channel_scores` (``|gamma|``; the mean over a tied group's BNs);
         ties are broken by channel index (the lower index is kept). ``rho`` in [0, 1).
         """
-        rho = _check_rho(rho)
         groups = channel_groups(model)
+        return cls.from_scores(groups, channel_scores(model, groups), rho)
+
+    @classmethod
+    def from_scores(cls, groups: tuple[ChannelGroup, ...], scores: Mapping[str, Tensor], rho: float) -> "ChannelMasks":
+        """Per group keep the ``C - floor(rho C)`` channels of largest ``scores[group]`` (ties by
+        index); :meth:`from_bn_scaling` with scores from :func:`state_channel_scores`."""
+        rho = _check_rho(rho)
         masks = {}
         for group in groups:
-            score = channel_scores(model, (group,))[group.name]
-            order = torch.argsort(-score, stable=True)  # descending, ties by index
+            order = torch.argsort(-scores[group.name], stable=True)  # descending, ties by index
             keep = torch.zeros(group.size, dtype=torch.bool)
             keep[order[:kept_count(group.size, rho)]] = True
             masks[group.name] = keep

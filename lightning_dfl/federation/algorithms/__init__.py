@@ -17,14 +17,15 @@ from lightning_dfl.federation.algorithms.fedfomo import FedFomo
 from lightning_dfl.federation.algorithms.finetune import DPSGDFT, FedAvgFT
 from lightning_dfl.federation.algorithms.gossip import DPSGD, DisPFL, Local
 from lightning_dfl.federation.algorithms.gossipfl import GossipFL
+from lightning_dfl.federation.algorithms.prisam import PRISAM
 from lightning_dfl.federation.algorithms.psfl import PSFL
 from lightning_dfl.federation.algorithms.subfedavg import SubFedAvg
 from lightning_dfl.registry import Registry
 
 #: the algorithms by name (``ALGORITHMS.get(name)`` names the allowed ones for an unknown name)
 _ALL = (DisPFL, DADPFL, DPSGD, Local, FedAvg, PSFL, FedAvgFT, DPSGDFT, Ditto, DFedAvgM, DFedSAM, FedDST, SubFedAvg,
-        FedFomo, GossipFL, BEER)
+        FedFomo, GossipFL, BEER, PRISAM)
 ALGORITHMS: Registry = Registry("algorithm", [(cls.name, cls) for cls in _ALL])
 
 __all__ = ["ALGORITHMS", "Algorithm", "BEER", "DADPFL", "DFedAvgM", "DFedSAM", "DPSGD", "DPSGDFT", "DisPFL", "Ditto", "FedAvg",
-           "FedAvgFT", "FedDST", "FedFomo", "GossipAlgorithm", "GossipFL", "Local", "PSFL", "RoundContext", "SubFedAvg", "TaskContext"]
+           "FedAvgFT", "FedDST", "FedFomo", "GossipAlgorithm", "GossipFL", "Local", "PRISAM", "PSFL", "RoundContext", "SubFedAvg", "TaskContext"]

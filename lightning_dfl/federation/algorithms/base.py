@@ -77,6 +77,12 @@ class Algorithm:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         check_int("exchanges_per_round", self.exchanges_per_round, 1)
 
+    def setup(self, module: Any, datamodule: Any) -> None:
+        """Read what the algorithm needs from the built model and the data (e.g. the model's channel
+        groups, the partition's true client groups) once, before the client store is allocated
+        (:meth:`state_fields` is called after it). Raise ``ValueError`` for a model or data it
+        cannot use."""
+
     def callbacks(self) -> list[Callback]:
         """Callbacks the algorithm needs; a user callback of the same class replaces its default."""
         return []

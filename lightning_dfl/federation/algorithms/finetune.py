@@ -155,5 +155,5 @@ class DPSGDFT(_FineTuned, DPSGD):
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying",
                  finetune_epochs: int | None = None) -> None:
-        super().__init__(num_neighbors, topology)
+        super().__init__(num_neighbors, topology, headline="personal")
         self._init_finetune(finetune_epochs)

@@ -64,10 +64,18 @@ class DisPFL(GossipAlgorithm):
 class DPSGD(GossipAlgorithm):
     """D-PSGD (Lian et al., 2017): uniform average of itself and its neighbours' models, then local
     epochs. All clients share one mask (dense unless the module's density is below 1). Its shared
-    model, tested on every client, is the average of all clients' models."""
+    model, tested on every client, is the average of all clients' models; ``headline="personal"``
+    reports each client's own model instead (PRISAM's "FedAvg" baseline, prisam-notes 13)."""
 
     name = "dpsgd"
     headline = "consensus"
+
+    def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", headline: str = "consensus") -> None:
+        super().__init__(num_neighbors, topology)
+        if headline not in ("consensus", "personal"):
+            raise ValueError(f"headline must be 'consensus' (the average model on every client's test set) or "
+                             f"'personal' (each client's own model, PRISAM's baseline), got {headline!r}")
+        self.headline = headline
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         return parallel_plan(ctx, self.neighbors(ctx))

@@ -1,0 +1,413 @@
+"""PRISAM (structured pruning, similar-device discovery by mask clustering, group aggregation).
+
+Paper: ``../shared/papers/002_*`` (Sec. III-V, Alg. 1-2, Fig. 4), read with
+``prisam-notes.md`` (its errata and our protocol decisions, cited as "notes N").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.federation.algorithms.base import GossipAlgorithm
+from lightning_dfl.federation.algorithms.gossip import parallel_plan
+from lightning_dfl.federation.context import RoundContext, TaskContext
+from lightning_dfl.federation.messages import Message
+from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.state import StateField
+from lightning_dfl.grouping import GROUPING_METHODS, Grouping, compact, group_masks, nearest_labels
+from lightning_dfl.seeding import derive_seed
+from lightning_dfl.sparse.channels import (
+    ChannelMasks,
+    apply_channel_masks_,
+    channel_groups,
+    expand,
+    masked_macs,
+    state_channel_scores,
+)
+
+__all__ = ["CHANNELS_FIELD", "GROUPINGS", "PRISAM", "ChannelMessage"]
+
+#: the store field holding each client's published channel mask (one bit per BN channel)
+CHANNELS_FIELD = "prisam/channels"
+#: how devices find their aggregation partners: clustering, or ``num_neighbors`` random peers (notes 13)
+GROUPINGS = (*GROUPING_METHODS, "random")
+#: when groups are formed: every round (Alg. 1, L204) or once, at the first grouping round (frozen)
+REGROUPS = ("every_round", "frozen")
+
+
+@dataclass
+class ChannelMessage(Message):
+    """A pruned model with its channel mask (what a PRISAM device downloads, L128)."""
+
+    channels: Tensor | None = None
+
+
+def _check_ratio(name: str, value: object) -> float:
+    if not (is_number(value) and 0.0 <= value < 1.0):
+        raise ValueError(f"{name} must be a pruning ratio in [0, 1), got {value!r}")
+    return float(value)
+
+
+class PRISAM(GossipAlgorithm):
+    """PRISAM: each device prunes whole BN channels at its ratio rho_i, devices with similar masks
+    are grouped by clustering the masks, and each group averages its structurally different models.
+
+    A round (Alg. 1 with notes 2's default order): the participants' published channel masks are
+    compacted and clustered (Alg. 2, :mod:`lightning_dfl.grouping`) -> every member downloads its
+    group's models and masks -> union average, each weight over the members that keep it (Fig. 4,
+    L210-219, notes 7) -> re-prune at rho_i by the averaged ``|gamma|`` (L212) -> local epochs under
+    that mask -> publish. ``prune_after_train`` is Alg. 1 literally: train under the union mask,
+    then prune by the trained ``|gamma|``. The first ``warmup_rounds`` rounds are local and dense;
+    the last of them ends with the first prune (L122, notes 3).
+
+    Pruning keeps ``C - floor(rho_i C)`` channels per BN layer (notes 6); in ResNet-20 a stage's
+    residual channels share one mask (notes 8). The channel mask is expanded to the conv filters,
+    biases, BN parameters and statistics and the next layers' input slices
+    (:func:`~lightning_dfl.sparse.channels.expand`), so the masked model computes what the exported,
+    physically smaller one computes.
+
+    Args:
+        ratio: rho, the share of each BN layer's channels pruned; a list gives mixed ratios, device
+            ``k`` taking ``ratio[k % len(ratio)]`` (Sec. V-G).
+        num_groups: k of KMeans (the number of similar-device groups).
+        grouping: ``"kmeans"`` (default), ``"dbscan"``, or ``"random"``: no grouping, each device
+            averages ``num_neighbors`` random peers (Sec. V-E's "10 random peers", notes 13).
+        warmup_rounds: local, dense rounds before the first prune (counted inside the run's rounds).
+        regroup: ``"every_round"`` (Alg. 1) or ``"frozen"`` (the first grouping is kept; a device
+            seen later joins the group of the nearest mask).
+        prune_after_train: Alg. 1's literal order (notes 2).
+        grouping_ratio: for grouping only, each device shares the mask of its channels kept at this
+            ratio (e.g. 0.5: its top half by ``|gamma|``); ``None``: its own mask (notes 5).
+        l1: lambda of an L1 penalty on the BN scaling factors (network slimming; off by default, notes 6).
+        dbscan_eps, dbscan_min_samples: DBSCAN's settings (Hamming distance on compact masks).
+        num_neighbors, topology: the random peers of ``grouping="random"``.
+        participants_per_round: devices taking part in round 0 (``None``: all); a seeded sample.
+        churn: m of notes 18: after each round each participant leaves, and each other device joins,
+            with probability m (a returning device resumes from its own state).
+    """
+
+    name = "prisam"
+
+    def __init__(self, ratio: float | list[float] = 0.5, num_groups: int = 5, grouping: str = "kmeans",
+                 warmup_rounds: int = 3, regroup: str = "every_round", prune_after_train: bool = False,
+                 grouping_ratio: float | None = None, l1: float = 0.0, dbscan_eps: float = 0.1,
+                 dbscan_min_samples: int = 2, num_neighbors: int = 10, topology: str = "time_varying",
+                 participants_per_round: int | None = None, churn: float = 0.0) -> None:
+        super().__init__(num_neighbors, topology)
+        ratios = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio]
+        if not ratios:
+            raise ValueError("ratio must be a number in [0, 1) or a non-empty list of them, got []")
+        self._ratios = [_check_ratio("ratio", r) for r in ratios]
+        self.ratio = ratio if not isinstance(ratio, tuple) else list(ratio)
+        self.num_groups = check_int("num_groups", num_groups, 1)
+        if grouping not in GROUPINGS:
+            raise ValueError(f"unknown grouping {grouping!r}; allowed: {', '.join(GROUPINGS)}")
+        self.grouping = grouping
+        self.warmup_rounds = check_int("warmup_rounds", warmup_rounds, 0)
+        if regroup not in REGROUPS:
+            raise ValueError(f"unknown regroup {regroup!r}; allowed: {', '.join(REGROUPS)}")
+        self.regroup = regroup
+        if not isinstance(prune_after_train, bool):
+            raise ValueError(f"prune_after_train must be True or False, got {prune_after_train!r}")
+        self.prune_after_train = prune_after_train
+        self.grouping_ratio = None if grouping_ratio is None else _check_ratio("grouping_ratio", grouping_ratio)
+        if not (is_number(l1) and l1 >= 0):
+            raise ValueError(f"l1 must be a number >= 0, got {l1!r}")
+        self.l1 = float(l1)
+        if not (is_number(dbscan_eps) and 0 < dbscan_eps <= 1):
+            raise ValueError(f"dbscan_eps must be in (0, 1] (a Hamming distance), got {dbscan_eps!r}")
+        self.dbscan_eps = float(dbscan_eps)
+        self.dbscan_min_samples = check_int("dbscan_min_samples", dbscan_min_samples, 1)
+        self.participants_per_round = (None if participants_per_round is None
+                                       else check_int("participants_per_round", participants_per_round, 1))
+        if not (is_number(churn) and 0 <= churn < 1):
+            raise ValueError(f"churn must be a probability in [0, 1), got {churn!r}")
+        self.churn = float(churn)
+        self._groups: tuple = ()
+        self._bits = 0
+        self._true_groups: np.ndarray | None = None
+        self._history: list[tuple[int, ...]] = []  # participants of rounds 0, 1, ... (pure in the seed)
+        self._frozen: dict[str, Tensor] | None = None
+        self._kept_cache: dict[bytes, tuple[int, int, int]] = {}
+        self._info: dict[str, float] = {}
+        self._published: dict[int, tuple[int, int]] = {}
+
+    # -- set-up -----------------------------------------------------------------------------
+    def validate(self, num_clients: int) -> None:
+        if self.grouping == "random":
+            super().validate(num_clients)
+        elif num_clients < 1:
+            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        if self.participants_per_round is not None and self.participants_per_round > num_clients:
+            raise ValueError(f"participants_per_round={self.participants_per_round} exceeds the "
+                             f"{num_clients} clients")
+
+    def setup(self, module: Any, datamodule: Any) -> None:
+        try:
+            self._groups = channel_groups(module.model)
+        except ValueError as err:
+            raise ValueError(f"PRISAM prunes BN channels: {err}") from None
+        if module.hparams.density != 1.0:
+            raise ValueError(f"PRISAM starts dense and prunes whole channels; set model.density to 1.0, "
+                             f"got {module.hparams.density}")
+        layers = {n for g in self._groups for n in g.producers + g.consumers}  # the convs and the Linear
+        missing = sorted(f"{n}.weight" for n in layers if f"{n}.weight" not in module.mask.masks)
+        if missing:
+            raise ValueError(f"PRISAM masks every conv and linear weight, but the model leaves {missing} unmasked; "
+                             f"remove model.mask_exclude and set model.mask_shortcuts: true")
+        self._bits = sum(g.size for g in self._groups)
+        groups = getattr(datamodule, "client_groups", None)
+        self._true_groups = None if groups is None else np.asarray(groups, dtype=np.int64)
+
+    def state_fields(self) -> list[StateField]:
+        return [StateField(CHANNELS_FIELD, shape=(self._bits,), dtype=torch.bool, fill=1.0, published=True)]
+
+    def rho(self, client: int) -> float:
+        """Device ``client``'s pruning ratio."""
+        return self._ratios[client % len(self._ratios)]
+
+    # -- participation (notes 18) -----------------------------------------------------------
+    def participants(self, ctx: RoundContext) -> Sequence[int] | None:
+        if self.participants_per_round is None and self.churn == 0.0:
+            return None
+        while len(self._history) <= ctx.round_idx:
+            r = len(self._history)
+            if r == 0:
+                count = self.participants_per_round or ctx.num_clients
+                rng = np.random.default_rng(derive_seed(ctx.seed, "prisam/participants"))
+                chosen = set(rng.choice(ctx.num_clients, size=count, replace=False).tolist())
+            else:
+                draws = np.random.default_rng(derive_seed(ctx.seed, "prisam/churn", r)).random(ctx.num_clients)
+                before = set(self._history[-1])
+                chosen = {k for k in range(ctx.num_clients) if (k in before) != (draws[k] < self.churn)}
+                chosen = chosen or before  # a round with nobody keeps the previous participants
+            self._history.append(tuple(sorted(chosen)))
+        return self._history[ctx.round_idx]
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan_round(self, ctx: RoundContext) -> RoundPlan:
+        self._info, self._published = {}, {}
+        active = ctx.active_clients
+        if ctx.round_idx < self.warmup_rounds:
+            return RoundPlan(ctx.round_idx, [Task(node=k) for k in active])
+        if self.grouping == "random":
+            return parallel_plan(ctx, self.neighbors(ctx))
+        vectors = torch.stack([self._grouping_vector(ctx, k) for k in active]).numpy()
+        grouping = self._group(ctx, active, vectors)
+        tasks = []
+        for members in grouping.members():
+            nodes = [active[i] for i in members]
+            for k in nodes:
+                tasks.append(Task(node=k, sources=(Source(k), *(Source(j) for j in nodes if j != k))))
+        side = self._grouping_traffic(active)
+        self._info.update({"prisam/groups": float(grouping.num_groups),
+                           "prisam/differing_dims": float(grouping.differing_dims),
+                           "prisam/distinct_masks": float(grouping.distinct_masks),
+                           "prisam/grouping_fallback": float(grouping.fallback),
+                           "prisam/grouping_bytes": float(sum(b for _, _, b in side))})
+        if self._true_groups is not None:
+            from sklearn.metrics import adjusted_rand_score
+
+            truth = self._true_groups[np.asarray(active)]
+            self._info["prisam/ari"] = float(adjusted_rand_score(truth, grouping.labels))
+        tasks.sort(key=lambda t: t.node)
+        return RoundPlan(ctx.round_idx, tasks, side_transfers=side)
+
+    def _grouping_vector(self, ctx: RoundContext, client: int) -> Tensor:
+        """The mask ``client`` shares for grouping: its published channel mask, or (``grouping_ratio``)
+        the channels its published model keeps at that ratio (notes 5)."""
+        if self.grouping_ratio is None:
+            return ctx.store.read(client, CHANNELS_FIELD).cpu().clone()
+        weights, _ = ctx.store.published(client)
+        scores = state_channel_scores(weights, self._groups)
+        return ChannelMasks.from_scores(self._groups, scores, self.grouping_ratio).to_vector()
+
+    def _group(self, ctx: RoundContext, active: list[int], vectors: np.ndarray) -> Grouping:
+        seed = derive_seed(ctx.seed, "prisam/grouping", ctx.round_idx) % (2 ** 32)
+        if self.regroup == "frozen" and self._frozen is not None:
+            known = {int(n): int(lab) for n, lab in zip(self._frozen["nodes"], self._frozen["labels"])}
+            new = [i for i, k in enumerate(active) if k not in known]
+            labels = np.array([known.get(k, -1) for k in active], dtype=np.int64)
+            if new:
+                labels[new] = nearest_labels(self._frozen["vectors"].numpy(), self._frozen["labels"].numpy(),
+                                             vectors[new])
+            dims, _ = compact(vectors)
+            _, relabel = np.unique(labels, return_inverse=True)
+            return Grouping(np.asarray(relabel).reshape(-1), dims.shape[1], len(np.unique(dims, axis=0)), False)
+        grouping = group_masks(vectors, self.num_groups, self.grouping if self.grouping != "random" else "kmeans",
+                               seed, eps=self.dbscan_eps, min_samples=self.dbscan_min_samples)
+        if self.regroup == "frozen":
+            self._frozen = {"nodes": torch.tensor(active), "labels": torch.from_numpy(grouping.labels.copy()),
+                            "vectors": torch.from_numpy(vectors.copy())}
+        return grouping
+
+    def _grouping_traffic(self, active: list[int]) -> tuple[tuple[int, int, int], ...]:
+        """Alg. 2 run by one elected device (the lowest id): every other participant uploads its
+        mask bits to it and receives the label vector (one byte per participant, two above 256 groups)."""
+        collector, others = active[0], active[1:]
+        mask_bytes = math.ceil(self._bits / 8)
+        label_bytes = len(active) * (1 if self.num_groups <= 256 else 2)
+        return tuple((k, collector, mask_bytes) for k in others) + tuple((collector, k, label_bytes) for k in others)
+
+    # -- one task ---------------------------------------------------------------------------
+    def _kept(self, ctx: TaskContext, vector: Tensor) -> tuple[int, int, int]:
+        """(values sent, parameters kept, forward MACs) of a model with channel mask ``vector``."""
+        key = np.packbits(vector.cpu().numpy()).tobytes()
+        cached = self._kept_cache.get(key)
+        if cached is None:
+            model = ctx.module.model
+            masks = ChannelMasks.from_vector(model, vector.cpu())
+            expanded = expand(model, masks, include_buffers=True)
+            values = sum(int(expanded[n].sum()) if n in expanded else t.numel() for n, t in ctx.worker.items())
+            params = sum(int(expanded[n].sum()) if n in expanded else p.numel()
+                         for n, p in model.named_parameters())
+            macs = masked_macs(model, masks, profile=ctx.module.flops_profile)
+            if len(self._kept_cache) > 4096:
+                self._kept_cache.clear()
+            cached = self._kept_cache[key] = (values, params, macs)
+        return cached
+
+    def message(self, ctx: TaskContext, source: Source) -> Message:
+        """The source's published model (kept values x their bytes) and its channel mask (bits)."""
+        weights, _ = ctx.store.published(source.node, source.fresh)
+        channels = ctx.store.read(source.node, CHANNELS_FIELD, source.fresh)
+        values, _, _ = self._kept(ctx, channels)
+        itemsize = next(iter(weights.values())).element_size()
+        return ChannelMessage(sender=source.node, weights=weights, mask=None, value_bytes=values * itemsize,
+                              index_bytes=math.ceil(self._bits / 8), channels=channels)
+
+    @torch.no_grad()
+    def union_average(self, model: torch.nn.Module, messages: list[Message]) -> dict[str, Tensor]:
+        """Fig. 4 (L210-219, notes 7): each entry averaged uniformly over the messages whose channel
+        masks keep it; an entry kept by none is 0 (a BN variance 1); entries no channel touches (the
+        classifier's bias) are averaged over all."""
+        numerator: dict[str, Tensor] = {}
+        count: dict[str, Tensor] = {}
+        for message in messages:
+            kept = expand(model, ChannelMasks.from_vector(model, message.channels.cpu()), include_buffers=True)
+            for name, value in message.weights.items():
+                if not value.is_floating_point():
+                    numerator.setdefault(name, value.clone())
+                    continue
+                mask = kept.get(name)
+                term = value if mask is None else value * mask.to(value.device)
+                if name in numerator:
+                    numerator[name].add_(term)
+                    count[name].add_(1 if mask is None else mask.to(value.device, value.dtype))
+                else:
+                    numerator[name] = term.clone()
+                    count[name] = (torch.ones_like(value) if mask is None
+                                   else mask.to(value.device, value.dtype).clone())
+        out = {}
+        for name, total in numerator.items():
+            if name not in count:
+                out[name] = total
+                continue
+            averaged = total.div_(count[name].clamp_min(1.0))
+            if name.endswith(".running_var"):
+                averaged.masked_fill_(count[name] == 0, 1.0)
+            out[name] = averaged
+        return out
+
+    def aggregate(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor] | None:
+        model = ctx.module.model
+        if not messages:  # a warm-up round: local training under the current channels
+            channels = ChannelMasks.from_vector(model, ctx.store.read(ctx.node, CHANNELS_FIELD).cpu())
+            self._use_channels(ctx, channels)
+            return None
+        averaged = self.union_average(model, messages)
+        if self.prune_after_train:  # train under the union of the group's channels (Alg. 1 literally)
+            union = torch.stack([m.channels.cpu() for m in messages]).any(dim=0)
+            channels = ChannelMasks.from_vector(model, union)
+        else:  # re-prune by the averaged |gamma| (L212, notes 2)
+            scores = state_channel_scores(averaged, self._groups)
+            channels = ChannelMasks.from_scores(self._groups, scores, self.rho(ctx.node))
+        self._zero_dropped(model, averaged, channels)
+        self._use_channels(ctx, channels)
+        return averaged
+
+    @torch.no_grad()
+    def _zero_dropped(self, model: torch.nn.Module, state: dict[str, Tensor], channels: ChannelMasks) -> None:
+        for name, mask in expand(model, channels, include_buffers=True).items():
+            fill = 1.0 if name.endswith(".running_var") else 0.0
+            state[name].masked_fill_(~mask.to(state[name].device), fill)
+
+    def _use_channels(self, ctx: TaskContext, channels: ChannelMasks) -> None:
+        """Train under ``channels``: the worker's weight masks and the masks of the other parameters
+        a channel touches (conv biases, BN gamma and beta), enforced after every step."""
+        model = ctx.module.model
+        expanded = expand(model, channels, include_buffers=False)
+        weight_masks = {n: expanded.get(n, torch.ones_like(m)) for n, m in ctx.module.mask.masks.items()}
+        ctx.module.mask.load_(weight_masks, apply=False)
+        params = dict(model.named_parameters())
+        ctx.scratch["prisam/other"] = [(params[n], m.to(params[n].device, params[n].dtype))
+                                       for n, m in expanded.items() if n not in ctx.module.mask.masks]
+        ctx.scratch["prisam/channels"] = channels
+
+    def loss(self, ctx: TaskContext, batch: Any) -> Tensor:
+        loss = ctx.module.loss(batch)
+        if self.l1:
+            modules = dict(ctx.module.model.named_modules())
+            loss = loss + self.l1 * sum(modules[n].weight.abs().sum() for g in self._groups for n in g.norms)
+        return loss
+
+    def optimizer_step(self, ctx: TaskContext, closure: Any) -> Tensor:
+        loss = closure()
+        ctx.optimizer.step()
+        with torch.no_grad():
+            for param, mask in ctx.scratch.get("prisam/other", ()):
+                param.mul_(mask)
+        return loss
+
+    def local_train(self, ctx: TaskContext) -> float:
+        loss = super().local_train(ctx)
+        first_prune = ctx.round_idx == self.warmup_rounds - 1
+        if first_prune or (self.prune_after_train and ctx.round_idx >= self.warmup_rounds):
+            model = ctx.module.model
+            try:
+                channels = ChannelMasks.from_bn_scaling(model, self.rho(ctx.node))
+            except ValueError:  # non-finite gammas: the executor finds the weights non-finite and discards them
+                return loss
+            apply_channel_masks_(model, channels)
+            self._use_channels(ctx, channels)
+            ctx.module.mask.apply_()
+        return loss
+
+    def publish_fields(self, ctx: TaskContext) -> dict[str, Any]:
+        channels = ctx.scratch.get("prisam/channels")
+        if channels is None:
+            return {}
+        vector = channels.to_vector()
+        values, params, macs = self._kept(ctx, vector)
+        self._published[ctx.node] = (params, macs)
+        ctx.report["kept_channels"] = float(vector.sum())
+        ctx.report["compact_mmacs"] = macs / 1e6
+        return {CHANNELS_FIELD: vector}
+
+    # -- round end --------------------------------------------------------------------------
+    def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        out = dict(self._info)
+        if self._published:
+            params = [p for p, _ in self._published.values()]
+            macs = [m for _, m in self._published.values()]
+            out["prisam/compact_mmacs_mean"] = sum(macs) / len(macs) / 1e6
+            out["prisam/compact_params_mean"] = sum(params) / len(params)
+            # Table I's communication column: 10 x the published model's MiB (notes 11)
+            out["prisam/published_mib_x10"] = 10 * (sum(params) / len(params)) * 4 / 2 ** 20
+        return out
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"frozen": None if self._frozen is None else dict(self._frozen)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        frozen = state.get("frozen")
+        self._frozen = None if frozen is None else dict(frozen)

@@ -1,0 +1,81 @@
+"""Similar-device discovery: compaction, clustering, its fallbacks and its determinism (PRISAM Alg. 2)."""
+
+import numpy as np
+import pytest
+
+from lightning_dfl.grouping import compact, group_masks, nearest_labels
+
+
+def test_compaction_drops_exactly_the_dimensions_all_masks_agree_on():
+    masks = np.array([[1, 0, 1, 1, 0],
+                      [1, 0, 0, 1, 1],
+                      [1, 0, 1, 1, 1]], dtype=bool)
+    dims, kept = compact(masks)
+    assert kept.tolist() == [2, 4]
+    assert dims.tolist() == [[True, False], [False, True], [True, True]]
+
+
+def _two_clusters(rng, per_group=6, bits=40, flips=2):
+    centres = np.zeros((2, bits), dtype=bool)
+    centres[0, :20] = True
+    centres[1, 20:] = True
+    rows, truth = [], []
+    for g in range(2):
+        for _ in range(per_group):
+            row = centres[g].copy()
+            row[rng.choice(bits, size=flips, replace=False)] ^= True
+            rows.append(row)
+            truth.append(g)
+    return np.array(rows), np.array(truth)
+
+
+@pytest.mark.parametrize("method", ["kmeans", "dbscan"])
+def test_clear_clusters_are_found_and_labels_are_numbered_by_first_appearance(method):
+    masks, truth = _two_clusters(np.random.default_rng(0))
+    order = np.random.default_rng(1).permutation(len(truth))
+    grouping = group_masks(masks[order], num_groups=2, method=method, seed=0, eps=0.3, min_samples=2)
+    assert grouping.num_groups == 2
+    assert grouping.labels[0] == 0  # the first device's group is group 0
+    same = truth[order][:, None] == truth[order][None, :]
+    assert np.array_equal(grouping.labels[:, None] == grouping.labels[None, :], same)
+    assert not grouping.fallback
+
+
+def test_kmeans_is_deterministic_for_a_seed():
+    masks = np.random.default_rng(3).random((20, 30)) < 0.5
+    first = group_masks(masks, 4, seed=7)
+    assert np.array_equal(first.labels, group_masks(masks, 4, seed=7).labels)
+
+
+def test_fewer_distinct_masks_than_groups_gives_each_distinct_mask_its_own_group():
+    masks = np.array([[1, 0, 1], [0, 1, 1], [1, 0, 1], [0, 1, 1]], dtype=bool)
+    grouping = group_masks(masks, num_groups=5)
+    assert grouping.fallback and grouping.labels.tolist() == [0, 1, 0, 1]
+    assert grouping.differing_dims == 2 and grouping.distinct_masks == 2
+    identical = group_masks(np.ones((3, 4), dtype=bool), num_groups=2)
+    assert identical.fallback and identical.labels.tolist() == [0, 0, 0] and identical.differing_dims == 0
+
+
+def test_dbscan_noise_points_are_singleton_groups():
+    masks, _ = _two_clusters(np.random.default_rng(0), per_group=4)
+    outlier = np.zeros((1, masks.shape[1]), dtype=bool)
+    outlier[0, ::2] = True
+    grouping = group_masks(np.vstack([masks, outlier]), num_groups=2, method="dbscan", eps=0.2, min_samples=3)
+    assert grouping.num_groups == 3
+    assert (grouping.labels == grouping.labels[-1]).sum() == 1  # the outlier is alone
+
+
+def test_nearest_labels_assigns_a_newcomer_to_the_closest_known_mask():
+    known = np.array([[1, 1, 0, 0], [0, 0, 1, 1]], dtype=bool)
+    queries = np.array([[1, 0, 0, 0], [0, 1, 1, 1]], dtype=bool)
+    assert nearest_labels(known, np.array([4, 9]), queries).tolist() == [4, 9]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"method": "spectral"}, "unknown grouping method 'spectral'; allowed: kmeans, dbscan"),
+    ({"num_groups": 0}, "num_groups"),
+    ({"eps": 0.0}, "eps must be in \\(0, 1\\]"),
+])
+def test_bad_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        group_masks(np.ones((2, 3), dtype=bool), **{"num_groups": 2, **kwargs})

@@ -1,0 +1,302 @@
+"""PRISAM on the engine: the union average (Fig. 4), re-pruning at rho_i, grouping by masks, what is
+sent, churn, the literal order, mixed ratios, resume, and bad settings."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.algorithms import DPSGD, PRISAM
+from lightning_dfl.federation.algorithms.prisam import CHANNELS_FIELD, ChannelMessage
+from lightning_dfl.federation.context import RoundContext
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.models import build_model
+from lightning_dfl.module import SparseClassifier
+from lightning_dfl.sparse.channels import ChannelMasks, channel_groups, expand, export, kept_count, masked_param_count
+
+warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+K = 8
+
+
+def _dm(**kw):
+    options = dict(dataset="digits", num_clients=K, partition="cluster", num_groups=2, between="pathological",
+                   classes_per_group=2, batch_size=16, test_samples_per_client=20)
+    return FederatedDataModule(**{**options, **kw})
+
+
+def _model(**kw):
+    return SparseClassifier(**{"arch": "resnet20", "density": 1.0, "lr": 0.05, "lr_decay": 1.0, **kw})
+
+
+def _trainer(algorithm, rounds=3, local_steps=3, **kw):
+    return FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, local_steps=local_steps,
+                            logger=False, accelerator="cpu", enable_progress_bar=False, **kw)
+
+
+class StartOfRound(FederatedCallback):
+    """The published channel masks at the start of every round."""
+
+    def __init__(self):
+        self.channels = []
+
+    def on_federated_round_start(self, trainer, pl_module):
+        self.channels.append([trainer.store.read(k, CHANNELS_FIELD).clone() for k in range(trainer.num_clients)])
+
+
+@pytest.fixture(scope="module")
+def run():
+    """4 rounds (1 warm-up) on the cluster partition: 2 groups with disjoint classes."""
+    seen = StartOfRound()
+    trainer = _trainer(PRISAM(ratio=0.5, num_groups=2, warmup_rounds=1), rounds=4, local_steps=None,
+                       callbacks=[seen])
+    trainer.fit(_model(), _dm())
+    return trainer, seen
+
+
+# -- the union average (Fig. 4, notes 7) --------------------------------------------------------------
+def test_union_average_takes_each_entry_over_the_models_that_keep_it():
+    model = build_model("resnet20", num_classes=10)
+    ones = ChannelMasks.ones(model)
+    a = {n: m.clone() for n, m in ones.items()}
+    b = {n: m.clone() for n, m in ones.items()}
+    a["layer1.residual"][0] = False  # a drops residual channel 0, b drops block channel 0 of layer1.0
+    b["layer1.0.bn1"][0] = False
+    a["layer2.0.bn1"][3] = b["layer2.0.bn1"][3] = False  # kept by nobody
+    messages = []
+    for sender, (masks, value) in enumerate([(a, 1.0), (b, 3.0)]):
+        cm = ChannelMasks(masks)
+        kept = expand(model, cm, include_buffers=True)
+        weights = {}
+        for n, t in model.state_dict().items():
+            if not t.is_floating_point():
+                weights[n] = t.clone()
+                continue
+            w = torch.full_like(t, value)
+            if n in kept:
+                w = w.masked_fill(~kept[n], 1.0 if n.endswith("running_var") else 0.0)
+            weights[n] = w
+        messages.append(ChannelMessage(sender=sender, weights=weights, mask=None, value_bytes=0, index_bytes=0,
+                                       channels=cm.to_vector()))
+    out = PRISAM().union_average(model, messages)
+    conv = out["layer1.0.conv1.weight"]  # out: layer1.0.bn1, in: layer1.residual
+    assert conv[0, 0].eq(0).all()  # out channel 0 only in b, in channel 0 only in a: nobody held (0, 0)
+    assert conv[0, 1].eq(1.0).all() and conv[1, 0].eq(3.0).all() and conv[1, 1].eq(2.0).all()
+    assert out["layer1.0.bn1.weight"][0] == 1.0 and out["layer1.0.bn1.weight"][1] == 2.0
+    assert out["layer2.0.bn1.weight"][3] == 0.0 and out["layer2.0.bn1.bias"][3] == 0.0
+    assert out["layer2.0.bn1.running_var"][3] == 1.0  # no keeper: BatchNorm's reset value
+    assert out["layer2.0.bn1.running_mean"][2] == 2.0
+    assert out["fc.bias"].eq(2.0).all()  # no channel touches it: averaged over all
+
+
+# -- an end-to-end run ------------------------------------------------------------------------------
+def test_grouping_recovers_the_true_groups_and_members_converge_to_one_mask(run):
+    trainer, _ = run
+    for metrics in trainer.history[1:]:
+        assert metrics["prisam/ari"] == 1.0
+        assert metrics["prisam/groups"] == 2.0
+    groups = trainer.datamodule.client_groups
+    final = [trainer.store.read(k, CHANNELS_FIELD) for k in range(K)]
+    for i in range(K):
+        for j in range(K):
+            if groups[i] == groups[j]:  # notes 2: equal rho makes a group's masks identical
+                assert torch.equal(final[i], final[j])
+
+
+def test_every_published_mask_keeps_c_minus_floor_rho_c_channels_per_layer(run):
+    trainer, _ = run
+    model = trainer.module.model
+    for k in range(K):
+        masks = ChannelMasks.from_vector(model, trainer.store.read(k, CHANNELS_FIELD))
+        for group in channel_groups(model):
+            assert int(masks[group.name].sum()) == kept_count(group.size, 0.5)
+
+
+def test_the_published_model_is_exactly_its_exported_compact_model(run):
+    trainer, _ = run
+    worker = trainer.module.model
+    weights, mask = trainer.store.published(3)
+    with torch.no_grad():
+        for n, t in worker.state_dict().items():
+            if n in weights:
+                t.copy_(weights[n])
+    channels = ChannelMasks.from_vector(worker, trainer.store.read(3, CHANNELS_FIELD))
+    for name, keep in expand(worker, channels, include_buffers=False).items():
+        assert weights[name][~keep.to(weights[name].device)].eq(0).all(), name  # dropped entries stay 0
+    small = export(worker, channels).eval()
+    worker.eval()
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.allclose(worker(x), small(x), atol=1e-5)
+    assert sum(p.numel() for p in small.parameters()) == masked_param_count(worker, channels)
+
+
+def test_bytes_sent_are_the_kept_values_plus_channel_bits_plus_grouping_traffic(run):
+    trainer, seen = run
+    model = trainer.module.model
+    groups = trainer.datamodule.client_groups
+    last = trainer.history[-1]
+    bits = sum(g.size for g in channel_groups(model))  # 448 for ResNet-20
+    mask_bytes = (bits + 7) // 8
+    floats = {n: t for n, t in model.state_dict().items() if t.is_floating_point()}
+    total = 0
+    for k, vector in enumerate(seen.channels[-1]):  # what each node published at the last round's start
+        kept = expand(model, ChannelMasks.from_vector(model, vector), include_buffers=True)
+        values = sum(int(kept[n].sum()) if n in kept else t.numel() for n, t in floats.items())
+        total += values * 4 * (sum(g == groups[k] for g in groups) - 1)
+    assert last["comm/total_bytes"] == total
+    grouping = (K - 1) * mask_bytes + (K - 1) * K  # masks to the collector, K one-byte labels back
+    assert last["prisam/grouping_bytes"] == grouping
+    # the collector (node 0) downloads K-1 masks, then the 3 masks of its group-mates with their models
+    assert last["comm/busiest_mask_bytes"] == (K - 1) * mask_bytes + 3 * mask_bytes
+
+
+def test_it_learns_above_chance(run):
+    trainer, _ = run
+    assert trainer.history[-1]["acc/personal_mean"] > 0.7  # 2 classes per client: chance is 0.5
+
+
+def test_flops_are_the_compact_models(run):
+    trainer, _ = run
+    last = trainer.history[-1]
+    model = trainer.module.model
+    from lightning_dfl.sparse.channels import masked_macs
+    macs = masked_macs(model, ChannelMasks.from_vector(model, trainer.store.read(0, CHANNELS_FIELD)),
+                       profile=trainer.module.flops_profile)
+    assert last["prisam/compact_mmacs_mean"] == pytest.approx(macs / 1e6)
+    assert macs < 0.35 * trainer.module.flops_profile.forward_macs()  # about (1 - rho)^2
+
+
+# -- options ------------------------------------------------------------------------------------------
+def test_prune_after_train_trains_under_the_union_and_publishes_at_rho():
+    literal = _trainer(PRISAM(ratio=0.5, num_groups=2, warmup_rounds=1, prune_after_train=True,
+                              grouping="random", num_neighbors=3, topology="time_varying"), rounds=2)
+    literal.fit(_model(), _dm(partition="iid"))
+    default = _trainer(PRISAM(ratio=0.5, num_groups=2, warmup_rounds=1, grouping="random", num_neighbors=3),
+                       rounds=2)
+    default.fit(_model(), _dm(partition="iid"))
+    # density after aggregation (what is trained): the union's in the literal order, rho's in the default
+    assert literal.history[1]["density/mean"] > default.history[1]["density/mean"]
+    model = literal.module.model
+    for k in range(K):
+        masks = ChannelMasks.from_vector(model, literal.store.read(k, CHANNELS_FIELD))
+        assert all(int(masks[g.name].sum()) == kept_count(g.size, 0.5) for g in channel_groups(model))
+    assert "prisam/ari" not in default.history[1]  # random peers: no grouping
+
+
+def test_mixed_ratios_prune_each_device_at_its_own_rho():
+    trainer = _trainer(PRISAM(ratio=[0.3, 0.7], num_groups=2, warmup_rounds=1, grouping_ratio=0.5), rounds=2)
+    trainer.fit(_model(), _dm())
+    model = trainer.module.model
+    for k in range(K):
+        masks = ChannelMasks.from_vector(model, trainer.store.read(k, CHANNELS_FIELD))
+        rho = [0.3, 0.7][k % 2]
+        assert all(int(masks[g.name].sum()) == kept_count(g.size, rho) for g in channel_groups(model))
+    assert "prisam/ari" in trainer.history[1]
+
+
+def test_churn_is_deterministic_and_leaves_absent_devices_untouched():
+    def ctx(r):
+        return RoundContext(r, 10, 20, (1,) * 20, np.random.default_rng(0), seed=5)
+
+    first, second = PRISAM(participants_per_round=10, churn=0.3), PRISAM(participants_per_round=10, churn=0.3)
+    rounds = [first.participants(ctx(r)) for r in range(6)]
+    assert [second.participants(ctx(r)) for r in reversed(range(6))][::-1] == rounds  # any call order
+    assert len(rounds[0]) == 10 and len({tuple(p) for p in rounds}) > 1
+
+    class Absent(FederatedCallback):
+        def __init__(self):
+            self.frozen = []
+
+        def on_federated_round_start(self, trainer, pl_module):
+            active = trainer.algorithm.participants(trainer.round_context(trainer.current_round))
+            absent = sorted(set(range(K)) - set(active))
+            self.frozen.append({k: trainer.store.published(k)[0]["fc.weight"].clone() for k in absent})
+
+        def on_federated_round_end(self, trainer, pl_module):
+            for k, before in self.frozen[-1].items():
+                assert torch.equal(trainer.store.published(k)[0]["fc.weight"], before)
+
+    watch = Absent()
+    trainer = _trainer(PRISAM(num_groups=2, warmup_rounds=1, participants_per_round=5, churn=0.4), rounds=3,
+                       local_steps=2, callbacks=[watch])
+    trainer.fit(_model(), _dm())
+    assert any(watch.frozen)
+
+
+def test_l1_penalty_adds_lambda_times_the_bn_scaling_factors():
+    model = _model()
+    model.build(10, 1, 8)
+    batch = (torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3]))
+    algo = PRISAM(l1=1e-3)
+    algo._groups = channel_groups(model.model)
+
+    class Ctx:
+        module = model
+    gammas = sum(m.weight.abs().sum() for m in model.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert float((algo.loss(Ctx, batch) - model.loss(batch)).detach()) == pytest.approx(1e-3 * float(gammas), rel=1e-5)
+
+
+@pytest.mark.parametrize("killed_at", [1, 3])
+def test_resume_is_bit_identical_with_frozen_groups(tmp_path, killed_at):
+    def fit(rounds, root, ckpt=None):
+        trainer = _trainer(PRISAM(num_groups=2, warmup_rounds=1, regroup="frozen", participants_per_round=6,
+                                  churn=0.3), rounds=4, local_steps=2, checkpoint_every=1,
+                           default_root_dir=str(root))
+        if rounds < 4:
+            class Stop(FederatedCallback):
+                def on_federated_round_start(self, trainer, pl_module):
+                    if trainer.current_round == rounds:
+                        raise RuntimeError("killed")
+            trainer.callbacks.append(Stop())
+            with pytest.raises(RuntimeError, match="killed"):
+                trainer.fit(_model(), _dm())
+            return trainer
+        trainer.fit(_model(), _dm(), ckpt_path=ckpt)
+        return trainer
+
+    straight = fit(4, tmp_path / "a")
+    killed = fit(killed_at, tmp_path / "b")
+    resumed = fit(4, tmp_path / "c", ckpt=str(killed.checkpoint_path))
+    for n, t in straight.store.weights.items():
+        assert torch.equal(t, resumed.store.weights[n])
+    strip = lambda m: {k: v for k, v in m.items() if k != "time/wall_round_s"}  # noqa: E731
+    assert [strip(m) for m in straight.history] == [strip(m) for m in resumed.history]
+
+
+# -- bad settings -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,match", [
+    ({"ratio": 1.0}, "ratio must be a pruning ratio in \\[0, 1\\), got 1.0"),
+    ({"ratio": []}, "ratio must be a number in \\[0, 1\\) or a non-empty list"),
+    ({"grouping": "spectral"}, "unknown grouping 'spectral'; allowed: kmeans, dbscan, random"),
+    ({"regroup": "never"}, "unknown regroup 'never'; allowed: every_round, frozen"),
+    ({"churn": 1.0}, "churn must be a probability in \\[0, 1\\), got 1.0"),
+    ({"grouping_ratio": -0.1}, "grouping_ratio must be a pruning ratio"),
+    ({"warmup_rounds": -1}, "warmup_rounds"),
+])
+def test_bad_arguments_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PRISAM(**kwargs)
+
+
+@pytest.mark.parametrize("model_kw,match", [
+    ({"arch": "cnn_digits"}, "PRISAM prunes BN channels: channel masks are defined for"),
+    ({"density": 0.5}, "set model.density to 1.0, got 0.5"),
+    ({"mask_exclude": ["fc"]}, "leaves \\['fc.weight'\\] unmasked"),
+])
+def test_models_prisam_cannot_prune_are_refused_before_training(model_kw, match):
+    with pytest.raises(ValueError, match=match):
+        _trainer(PRISAM(num_groups=2), rounds=1).fit(_model(**model_kw), _dm())
+
+
+def test_too_many_participants_are_refused():
+    with pytest.raises(ValueError, match="participants_per_round=9 exceeds the 8 clients"):
+        _trainer(PRISAM(participants_per_round=9), rounds=1).fit(_model(), _dm())
+
+
+def test_dpsgd_can_report_each_clients_own_model():
+    assert DPSGD(headline="personal").headline == "personal"
+    with pytest.raises(ValueError, match="headline must be 'consensus'.*got 'global'"):
+        DPSGD(headline="global")
