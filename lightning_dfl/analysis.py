@@ -1,5 +1,6 @@
 """Analysis subcommands: ``lightning-dfl schedule`` (Figs. 8-9), ``lightning-dfl cost`` (Sec. VI-A5,
-Figs. 3-4) and ``lightning-dfl curves`` (logged metrics against the round).
+Figs. 3-4), ``lightning-dfl curves`` (logged metrics against the round) and ``lightning-dfl export``
+(a client's channel-pruned model as a physically smaller network, :mod:`lightning_dfl.export`).
 
 ``--plot FILE`` (png, pdf, svg, ... by suffix) saves the figure of :mod:`lightning_dfl.plots`;
 figures need matplotlib (``pip install -e '.[plots]'``), the printed tables do not.
@@ -150,4 +151,25 @@ def curves(runs: list[str] | None = None, metrics: list[str] = ["acc/headline", 
     return str(out)
 
 
-SUBCOMMANDS = {"schedule": schedule, "cost": cost, "curves": curves}
+def export(checkpoint: str, client: int = 0, out: str = "client.pt2", latency: bool = True, threads: int = 1,
+           batch_size: int = 1) -> str:
+    """Export a client's channel-pruned model as a physically smaller network (PRISAM).
+
+    Args:
+        checkpoint: a federation checkpoint (``<run>/checkpoints/last.ckpt``) of a ``vgg11`` (norm: batch) or
+            ``resnet20`` run; PRISAM's stored channel masks are used, else the channels whose BN scale and
+            shift are all zero are dropped.
+        client: the client whose published model is exported.
+        out: the ``.pt2`` file to write (``torch.export.load(out).module()`` runs it).
+        latency: also time the full and the exported model on the CPU (median of 50 after 10 warm-up).
+        threads: CPU threads for the timing.
+        batch_size: samples per timed forward.
+    """
+    from lightning_dfl.export import export_client
+
+    text = export_client(checkpoint, client, out, latency, threads, batch_size).table()
+    print(text)
+    return text
+
+
+SUBCOMMANDS = {"schedule": schedule, "cost": cost, "curves": curves, "export": export}

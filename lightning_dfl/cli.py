@@ -441,12 +441,13 @@ def version() -> str:
 
 
 # -- entry point ------------------------------------------------------------------------
-USAGE = """usage: lightning-dfl {fit,schedule,cost,curves} ... [--debug] [--version]
+USAGE = """usage: lightning-dfl {fit,schedule,cost,curves,export} ... [--debug] [--version]
 
   fit       train a federation: lightning-dfl fit --config configs/dispfl_digits.yaml (fit --help)
   schedule  DA-DPFL dynamic aggregation: parallelism and delay against M and N (Figs. 8-9)
   cost      C_total(theta) cost curves of finished runs (DA-DPFL Sec. VI-A5)
   curves    plot logged metrics against the round for finished runs (needs .[plots])
+  export    a client's channel-pruned model as a smaller network, with its size, MACs and latency
 
   --debug   show the full traceback of an error (also LIGHTNING_DFL_DEBUG=1)
   --version print the version
