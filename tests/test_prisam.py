@@ -300,3 +300,27 @@ def test_dpsgd_can_report_each_clients_own_model():
     assert DPSGD(headline="personal").headline == "personal"
     with pytest.raises(ValueError, match="headline must be 'consensus'.*got 'global'"):
         DPSGD(headline="global")
+
+
+def test_a_vgg11_bn_federation_prunes_and_aggregates_its_eight_bn_layers(tmp_path):
+    from torchvision.io import encode_png
+    from torchvision.io import write_file as write_bytes
+
+    generator = torch.Generator().manual_seed(0)
+    for half, count in (("train", 12), ("test", 6)):
+        for c, name in enumerate(("ant", "bee")):
+            folder = tmp_path / half / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                image = (torch.rand(3, 32, 32, generator=generator) * 60 + 80 * c).to(torch.uint8)
+                write_bytes(str(folder / f"{i:04d}.png"), encode_png(image))
+    dm = FederatedDataModule(dataset="image_folder", root=str(tmp_path), num_clients=2, partition="iid",
+                             batch_size=4, test_samples_per_client=3)
+    trainer = _trainer(PRISAM(ratio=0.5, num_groups=1, warmup_rounds=1), rounds=2, local_steps=1)
+    trainer.fit(_model(arch="vgg11", model_options={"norm": "batch"}), dm)
+    model = trainer.module.model
+    assert trainer.history[1]["prisam/groups"] == 1.0  # both clients aggregate together
+    for k in range(2):
+        masks = ChannelMasks.from_vector(model, trainer.store.read(k, CHANNELS_FIELD))
+        assert len(masks) == 8 and masks.channel_count == 2752
+        assert all(int(masks[g.name].sum()) == kept_count(g.size, 0.5) for g in channel_groups(model))

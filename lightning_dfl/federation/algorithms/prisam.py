@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
-from lightning_dfl.federation.algorithms.base import GossipAlgorithm
+from lightning_dfl.federation.algorithms.base import Algorithm, GossipAlgorithm
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.context import RoundContext, TaskContext
 from lightning_dfl.federation.messages import Message
@@ -143,9 +143,9 @@ class PRISAM(GossipAlgorithm):
     # -- set-up -----------------------------------------------------------------------------
     def validate(self, num_clients: int) -> None:
         if self.grouping == "random":
-            super().validate(num_clients)
-        elif num_clients < 1:
-            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+            super().validate(num_clients)  # M random peers need M < K
+        else:
+            Algorithm.validate(self, num_clients)
         if self.participants_per_round is not None and self.participants_per_round > num_clients:
             raise ValueError(f"participants_per_round={self.participants_per_round} exceeds the "
                              f"{num_clients} clients")
