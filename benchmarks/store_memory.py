@@ -9,8 +9,18 @@ RSS (``resource.getrusage``) before and after, in GiB (2^30 bytes).
 It needs about 12 GiB for K = 100: run it once, alone. It refuses to start, before allocating,
 when ``/proc/meminfo`` shows too little available memory.
 
+``--store compact`` measures :class:`~lightning_dfl.federation.compact_state.CompactClientStore`
+(``FederatedTrainer(store="compact")``) instead, and then plays one round the way DisPFL writes the
+store: every node publishes the model it trained (its weights times its mask, so the pruned entries
+are signed zeros as the module leaves them) and sets a next mask that differs from the published one
+(RigL: 10% of each layer's active weights moved); the store is measured at the round's peak (every
+node holds two records) and after ``end_round``; then one round in which every node prunes half of
+its active weights (DA-DPFL's PQI), to show the memory falling.
+
     python benchmarks/store_memory.py                 # K = 100, resnet18, density 0.5 (~1 min)
     python benchmarks/store_memory.py --clients 10    # a quick check
+    python benchmarks/store_memory.py --store compact                                # ~2.6 GB
+    python benchmarks/store_memory.py --store compact --arch cnn_cifar --clients 1000
 """
 
 from __future__ import annotations
@@ -25,11 +35,13 @@ from pathlib import Path
 
 import torch
 
+from lightning_dfl.federation.compact_state import CompactClientStore
 from lightning_dfl.federation.state import ClientStore
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
 
 GIB = 2**30
+GB = 10**9
 
 
 def peak_rss_bytes() -> int:
@@ -72,6 +84,52 @@ def expected_store_bytes(template: dict[str, torch.Tensor], masked: list[str], n
     return {"weights": weights, "published_masks": 2 * nodes * masked_entries, "masks": nodes * masked_entries}
 
 
+def expected_compact_bytes(template: dict[str, torch.Tensor], masked: list[str], nodes: int,
+                           density: float) -> dict[str, int]:
+    """The compact store's size, estimated: per node the active values, the mask bits, the signs of the
+    pruned zeros and a current mask, once between rounds and twice at a round's peak."""
+    masked_entries = sum(template[n].numel() for n in masked)
+    itemsize = next(iter(template.values())).element_size()
+    unmasked = sum(t.numel() * t.element_size() for n, t in template.items() if n not in masked)
+    record = int(density * masked_entries * itemsize) + unmasked + masked_entries // 8 + masked_entries // 8
+    return {"records": nodes * record, "current_masks": nodes * masked_entries // 8, "round_peak": nodes * record}
+
+
+def _rigl_like(mask: dict[str, torch.Tensor], fraction: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """``mask`` with ``fraction`` of each layer's active entries moved to inactive ones (RigL's drop and grow)."""
+    out = {}
+    for name, m in mask.items():
+        flat = m.reshape(-1).clone()
+        active, inactive = flat.nonzero().view(-1), (~flat).nonzero().view(-1)
+        k = min(int(fraction * active.numel()), inactive.numel())
+        if k:
+            flat[active[torch.randperm(active.numel(), generator=generator)[:k]]] = False
+            flat[inactive[torch.randperm(inactive.numel(), generator=generator)[:k]]] = True
+        out[name] = flat.view(m.shape)
+    return out
+
+
+def play_round(store: ClientStore, clients: int, seed: int, round_idx: int, prune: float = 0.0,
+               move: float = 0.1) -> dict[str, float]:
+    """One round as DisPFL writes the store (see the module docstring); ``prune``: the share of each node's
+    active weights it prunes (its new published mask); returns the nbytes at the peak and after it."""
+    densities = []
+    for node in range(clients):
+        weights, mask = store.published(node)
+        mask = store.mask(node)
+        generator = torch.Generator().manual_seed(derive_seed(seed, "round", round_idx, node))
+        if prune:
+            mask = {n: m & (torch.rand(m.shape, generator=generator) >= prune) for n, m in mask.items()}
+        trained = {n: (w + 0.01) * mask[n] if n in mask else w + 0.01 for n, w in weights.items()}
+        store.publish(node, trained, mask)
+        store.set_mask(node, _rigl_like(mask, move, generator))
+        densities.append(sum(int(m.sum()) for m in mask.values()) / sum(m.numel() for m in mask.values()))
+        del weights, mask, trained
+    peak = store.nbytes()
+    store.end_round()
+    return {"peak_nbytes": peak, "after_nbytes": store.nbytes(), "mean_density": sum(densities) / len(densities)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -80,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--density", type=float, default=0.5, help="ERK density of every node's mask")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--margin-gib", type=float, default=2.0, help="free memory to keep beyond the store")
+    p.add_argument("--store", choices=("dense", "compact"), default="dense", help="the store backend")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = p.parse_args(argv)
     if args.clients < 1:
@@ -95,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     masked = list(module.mask.masks)
     params = sum(t.numel() for t in template.values())
     expected = expected_store_bytes(template, masked, args.clients)
+    dense_fp32 = args.clients * sum(t.numel() * 4 for t in template.values())  # one float32 model per node
+    if args.store == "compact":
+        return compact_main(args, module, template, masked, params, dense_fp32, expected, snaps)
     need = sum(expected.values())
     avail = available_bytes()
     if avail is not None and need + args.margin_gib * GIB > avail:
@@ -153,6 +215,95 @@ def main(argv: list[str] | None = None) -> int:
         rss = "-" if s["rss_gib"] is None else f"{s['rss_gib']:.2f}"
         lines.append(f"| {s['label']} | {s['peak_rss_gib']:.2f} | {rss} |")
     (out / "store_memory.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def compact_main(args: argparse.Namespace, module: SparseClassifier, template: dict[str, torch.Tensor],
+                 masked: list[str], params: int, dense_fp32: int, expected_dense: dict[str, int],
+                 snaps: list[dict[str, float | str | None]]) -> int:
+    """``--store compact``: initialize, one DisPFL-like round, one pruning round; written to
+    ``store_memory_compact_<arch>_<clients>.{json,md}``."""
+    expected = expected_compact_bytes(template, masked, args.clients, args.density)
+    need = sum(expected.values())
+    avail = available_bytes()
+    if avail is not None and need + args.margin_gib * GIB > avail:
+        print(f"refusing: the round's peak needs about {need / GIB:.2f} GiB plus a {args.margin_gib} GiB margin, "
+              f"only {avail / GIB:.2f} GiB are available; lower --clients", file=sys.stderr)
+        return 2
+    snaps.append(snapshot("model built"))
+    start = time.perf_counter()
+    store = CompactClientStore(template, masked, args.clients)
+    densities = []
+    for node in range(args.clients):
+        generator = torch.Generator().manual_seed(derive_seed(args.seed, "mask", node))
+        mask = module.initial_masks(generator)
+        store.initialize(node, template, mask)
+        densities.append(sum(int(m.sum()) for m in mask.values()) / sum(m.numel() for m in mask.values()))
+        del mask
+    init_s = time.perf_counter() - start
+    initialized = store.nbytes()
+    breakdown = store.breakdown()
+    snaps.append(snapshot(f"{args.clients} nodes initialized"))
+    start = time.perf_counter()
+    dispfl = play_round(store, args.clients, args.seed, 0)
+    round_s = time.perf_counter() - start
+    snaps.append(snapshot("after a DisPFL round (peak: two records per node)"))
+    after_breakdown = store.breakdown()
+    pruned = play_round(store, args.clients, args.seed, 1, prune=0.5)
+    snaps.append(snapshot("after a pruning round (half the active weights)"))
+    start = time.perf_counter()
+    for node in range(min(args.clients, 10)):
+        store.published(node)
+    rebuild_ms = (time.perf_counter() - start) / min(args.clients, 10) * 1e3
+    dense_nbytes = sum(expected_dense.values())
+    result = {
+        "store": "compact", "arch": args.arch, "clients": args.clients, "density": args.density,
+        "parameters_and_float_buffers": params, "masked_entries": sum(template[n].numel() for n in masked),
+        "mean_mask_density": sum(densities) / len(densities),
+        "dense_fp32_weights_bytes": dense_fp32, "dense_store_nbytes": dense_nbytes,
+        "initialized_nbytes": initialized, "initialized_breakdown": breakdown,
+        "initialized_ratio_to_dense_fp32": initialized / dense_fp32,
+        "dispfl_round": dispfl, "after_dispfl_round_breakdown": after_breakdown,
+        "after_dispfl_round_ratio_to_dense_fp32": dispfl["after_nbytes"] / dense_fp32,
+        "pruning_round": pruned, "after_pruning_ratio_to_dense_fp32": pruned["after_nbytes"] / dense_fp32,
+        "snapshots": snaps,
+        "peak_rss_increase_gib": snaps[-1]["peak_rss_gib"] - snaps[0]["peak_rss_gib"],
+        "initialize_s": init_s, "dispfl_round_s": round_s, "published_rebuild_ms": rebuild_ms,
+        "machine": f"{platform.machine()}, torch {torch.__version__}",
+    }
+    del store
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"store_memory_compact_{args.arch}_{args.clients}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+
+    def size(n: int) -> str:
+        return f"{n / GB:.2f} GB ({n / GIB:.2f} GiB)"
+
+    lines = [
+        f"# Compact client store memory: {args.clients} x CIFAR {args.arch}, ERK density {args.density}", "",
+        f"Generated by `benchmarks/store_memory.py --store compact --arch {args.arch} --clients {args.clients}`. "
+        f"{params:,} float parameters and buffers per model, {result['masked_entries']:,} of them masked; "
+        f"mean mask density {result['mean_mask_density']:.4f}. Dense float32 weights, one model per node: "
+        f"{size(dense_fp32)}; the dense store (two slots and bool masks): {size(dense_nbytes)}.", "",
+        "| point | `store.nbytes()` | x dense fp32 weights |", "|---|---|---|",
+        f"| {args.clients} nodes initialized | {size(initialized)} | {initialized / dense_fp32:.3f} |",
+        f"| DisPFL round, peak (every node holds two records) | {size(dispfl['peak_nbytes'])} | "
+        f"{dispfl['peak_nbytes'] / dense_fp32:.3f} |",
+        f"| after it (next masks differ from the published ones) | {size(dispfl['after_nbytes'])} | "
+        f"{dispfl['after_nbytes'] / dense_fp32:.3f} |",
+        f"| after a pruning round (density {pruned['mean_density']:.3f}) | {size(pruned['after_nbytes'])} | "
+        f"{pruned['after_nbytes'] / dense_fp32:.3f} |", "",
+        "Initialized, by kind: " + ", ".join(f"{k} {v / GB:.3f} GB" for k, v in breakdown.items()) + ".",
+        f"Peak RSS increase: **{result['peak_rss_increase_gib']:.2f} GiB**; initialization {init_s:.1f} s, "
+        f"the DisPFL round's store work {round_s:.1f} s, one `published()` rebuild {rebuild_ms:.1f} ms.", "",
+        "| point | peak RSS (GiB) | RSS (GiB) |", "|---|---|---|",
+    ]
+    for snap in snaps:
+        rss = "-" if snap["rss_gib"] is None else f"{snap['rss_gib']:.2f}"
+        lines.append(f"| {snap['label']} | {snap['peak_rss_gib']:.2f} | {rss} |")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -279,6 +279,26 @@ class PQIPruning(FederatedCallback):
                              "sparsity/mean": mean, "sparsity/std": std})
         self._round_sparsity.clear()
 
+    # -- sharded federations (lightning_dfl.federation.sharding) --------------------------
+    def shard_snapshot(self) -> tuple[int, int, int, int]:
+        return len(self.history), len(self._round_sparsity), self._round_events, self._round_pruned
+
+    def shard_delta(self, snapshot: tuple[int, int, int, int]) -> tuple[list, list, int, int]:
+        history, sparsity, events, pruned = snapshot
+        return (self.history[history:], self._round_sparsity[sparsity:], self._round_events - events,
+                self._round_pruned - pruned)
+
+    def shard_rollback(self, snapshot: tuple[int, int, int, int]) -> None:
+        history, sparsity, self._round_events, self._round_pruned = snapshot
+        del self.history[history:], self._round_sparsity[sparsity:]
+
+    def shard_apply(self, delta: tuple[list, list, int, int]) -> None:
+        history, sparsity, events, pruned = delta
+        self.history.extend(history)
+        self._round_sparsity.extend(sparsity)
+        self._round_events += events
+        self._round_pruned += pruned
+
     def _note_sparsity(self, trainer: Any, client: int, mask: ModelMask) -> float:
         """Write ``client``'s sparsity after its task (after pruning) into its record; return it."""
         sparsity = mask.sparsity()

@@ -277,6 +277,19 @@ class RigL(FederatedCallback):
 
         return training_step_loss
 
+    # -- sharded federations (lightning_dfl.federation.sharding) --------------------------
+    def shard_snapshot(self) -> int:
+        return self._num_updates
+
+    def shard_delta(self, snapshot: int) -> int:
+        return self._num_updates - snapshot
+
+    def shard_rollback(self, snapshot: int) -> None:
+        self._num_updates = snapshot
+
+    def shard_apply(self, delta: int) -> None:
+        self._num_updates += delta
+
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"num_updates": self._num_updates, "last_update_step": self._last_update_step}

@@ -186,6 +186,23 @@ class InitialModels:
             model[n] = torch.where(mask, ref, torch.zeros((), dtype=ref.dtype, device=device))
         return model
 
+    @torch.no_grad()
+    def merge(self, state: Mapping[str, Any]) -> None:
+        """Add another copy's known entries (both hold the same shared initial model, so the union
+        does not depend on the order of merges)."""
+        reference, known = state.get("reference"), state.get("known") or {}
+        if reference is None:
+            return
+        if self.reference is None:
+            self.reference = {n: t.clone() for n, t in reference.items()}
+            self.known = {n: m.clone() for n, m in known.items()}
+        else:
+            for n, m in known.items():
+                new = m & ~self.known[n]
+                self.reference[n][new] = reference[n][new]
+                self.known[n] |= m
+        self._version += 1
+
     def state(self) -> dict[str, Any]:
         return {"reference": self.reference, "known": self.known}
 
@@ -431,6 +448,26 @@ class PruningTimeVoting(FederatedCallback):
         metrics = self._close_round(int(trainer.current_round), int(trainer.max_rounds))
         if metrics:
             trainer.log_metrics(metrics)
+
+    # -- sharded federations (lightning_dfl.federation.sharding) --------------------------
+    def shard_snapshot(self) -> tuple[int, int, int]:
+        return len(self._round_votes), len(self._round_scores), self._initial._version
+
+    def shard_delta(self, snapshot: tuple[int, int, int]) -> tuple[list, list, dict | None]:
+        votes, scores, version = snapshot
+        initial = self._initial.state() if self._initial._version != version else None
+        return self._round_votes[votes:], self._round_scores[scores:], initial
+
+    def shard_rollback(self, snapshot: tuple[int, int, int]) -> None:
+        votes, scores, _ = snapshot  # the initial models' union is kept: merging it again changes nothing
+        del self._round_votes[votes:], self._round_scores[scores:]
+
+    def shard_apply(self, delta: tuple[list, list, dict | None]) -> None:
+        votes, scores, initial = delta
+        self._round_votes.extend(votes)
+        self._round_scores.extend(scores)
+        if initial is not None:
+            self._initial.merge(initial)
 
     # -- plain Trainer -------------------------------------------------------------------
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -5,6 +5,11 @@ images are one ``uint8`` tensor ``[N, C, H, W]``: decoding happens here, once, n
 at training time. The protocol data sets of DisPFL App. B.1 (CIFAR-10/100, Tiny-ImageNet) and
 DA-DPFL Sec. VI (CIFAR-10/100, HAM10000) are read from their official on-disk formats; the
 torchvision sets go through torchvision's own dataset classes (and their checksums).
+
+The decoded arrays of every data set read from files are cached on disk (:mod:`.cache`, keyed by the
+source files' names, sizes and times): a second start reads one file instead of decoding again. The
+loaders' ``cache`` option: ``None`` the default folder (``$LIGHTNING_DFL_CACHE`` or
+``~/.cache/lightning-dfl/decoded``), ``False`` off, or a folder.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_int, is_number
 from lightning_dfl.registry import Registry
+
+from .cache import cached_arrays
 
 __all__ = [
     "DATASETS",
@@ -147,6 +154,34 @@ def _read_text(path: Path) -> str:
 
 def _labels(values) -> Tensor:
     return torch.as_tensor(np.asarray(values), dtype=torch.int64).reshape(-1)
+
+
+def _cached_split(kind: str, root: Path, files: Sequence[str | os.PathLike], build: Callable[[], Split],
+                  cache: str | os.PathLike | bool | None, params: dict | None = None) -> Split:
+    """``build()``'s split, served from the decoded-data cache while ``files`` (names, sizes, times) are unchanged."""
+
+    def arrays() -> tuple[dict[str, np.ndarray], dict]:
+        split = build()
+        return ({f"{half}_{part}": getattr(getattr(split, half), part).numpy() for half in ("train", "test")
+                 for part in ("images", "labels")},
+                {"train_classes": list(split.train.classes), "test_classes": list(split.test.classes)})
+
+    out, meta = cached_arrays(kind, root, files, arrays, params, cache)
+    return Split(*(ImageData(torch.from_numpy(out[f"{half}_images"]), torch.from_numpy(out[f"{half}_labels"]),
+                             list(meta[f"{half}_classes"])) for half in ("train", "test")))
+
+
+def _cached_decode(kind: str, root: Path, parts: dict[str, Sequence[str | os.PathLike]], image_size: int | None,
+                   cache: str | os.PathLike | bool | None) -> dict[str, Tensor]:
+    """:func:`decode_images` of each part's paths (``{"train": [...], "test": [...]}``), served from the
+    decoded-data cache while the files (names, sizes, times, in this order) are unchanged."""
+
+    def arrays() -> tuple[dict[str, np.ndarray], dict]:
+        return {name: decode_images(paths, image_size).numpy() for name, paths in parts.items()}, {}
+
+    files = [path for paths in parts.values() for path in paths]
+    out, _ = cached_arrays(kind, root, files, arrays, {"image_size": image_size, "parts": list(parts)}, cache)
+    return {name: torch.from_numpy(out[name]) for name in parts}
 
 
 def _check_image_size(image_size: int | None) -> None:
@@ -284,8 +319,12 @@ _MNIST_FILES = (
 )
 
 
-def load_mnist(root: str | os.PathLike, download: bool = False) -> Split:
-    """MNIST through ``torchvision.datasets.MNIST``: ``root/MNIST/raw/*-ubyte`` (the idx files)."""
+def load_mnist(root: str | os.PathLike, download: bool = False,
+               cache: str | os.PathLike | bool | None = None) -> Split:
+    """MNIST through ``torchvision.datasets.MNIST``: ``root/MNIST/raw/*-ubyte`` (the idx files).
+
+    ``cache``: where the decoded arrays are cached (see :mod:`.cache`; False: not cached).
+    """
     from torchvision.datasets import MNIST
 
     root = Path(root).expanduser()
@@ -296,10 +335,12 @@ def load_mnist(root: str | os.PathLike, download: bool = False) -> Split:
         ds = _torchvision_call("MNIST", root, layout, lambda: MNIST(str(root), train=train, download=download))
         return ImageData(ds.data.to(torch.uint8).unsqueeze(1).contiguous(), _labels(ds.targets), list(ds.classes))
 
-    return Split(part(True), part(False))
+    return _cached_split("mnist", root, [root / "MNIST" / "raw" / f for f in _MNIST_FILES],
+                         lambda: Split(part(True), part(False)), cache)
 
 
-def _load_cifar(cls, name: str, folder: str, files: Sequence[str], root, download: bool, hint: str = "") -> Split:
+def _load_cifar(cls, name: str, folder: str, files: Sequence[str], root, download: bool, hint: str = "",
+                cache: str | os.PathLike | bool | None = None) -> Split:
     root = Path(root).expanduser()
     layout = f"{root}/{folder}/{{{','.join(files)}}} (the official python pickles, torchvision's layout)"
     _require_files(name, root, [f"{folder}/{f}" for f in files], layout, download, hint)
@@ -309,31 +350,41 @@ def _load_cifar(cls, name: str, folder: str, files: Sequence[str], root, downloa
         images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()  # HWC -> CHW
         return ImageData(images, _labels(ds.targets), list(ds.classes))
 
-    return Split(part(True), part(False))
+    return _cached_split(cls.__name__.lower(), root, [root / folder / f for f in files],
+                         lambda: Split(part(True), part(False)), cache)
 
 
-def load_cifar10(root: str | os.PathLike, download: bool = False) -> Split:
+def load_cifar10(root: str | os.PathLike, download: bool = False,
+                 cache: str | os.PathLike | bool | None = None) -> Split:
     """CIFAR-10 through ``torchvision.datasets.CIFAR10``: ``root/cifar-10-batches-py/``.
 
     For the offline JPEG copy (``cifar10-jpg/{train,test}/<class>/``) use :func:`load_image_folder`.
+    ``cache``: where the decoded arrays are cached (see :mod:`.cache`; False: not cached).
     """
     from torchvision.datasets import CIFAR10
 
     files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
     hint = " A JPEG copy unpacked as cifar10-jpg/{train,test}/<class>/ is read with dataset='image_folder'."
-    return _load_cifar(CIFAR10, "CIFAR-10", "cifar-10-batches-py", files, root, download, hint)
+    return _load_cifar(CIFAR10, "CIFAR-10", "cifar-10-batches-py", files, root, download, hint, cache)
 
 
-def load_cifar100(root: str | os.PathLike, download: bool = False) -> Split:
-    """CIFAR-100 (100 fine labels) through ``torchvision.datasets.CIFAR100``: ``root/cifar-100-python/``."""
+def load_cifar100(root: str | os.PathLike, download: bool = False,
+                  cache: str | os.PathLike | bool | None = None) -> Split:
+    """CIFAR-100 (100 fine labels) through ``torchvision.datasets.CIFAR100``: ``root/cifar-100-python/``.
+
+    ``cache``: where the decoded arrays are cached (see :mod:`.cache`; False: not cached).
+    """
     from torchvision.datasets import CIFAR100
 
-    return _load_cifar(CIFAR100, "CIFAR-100", "cifar-100-python", ["train", "test", "meta"], root, download)
+    return _load_cifar(CIFAR100, "CIFAR-100", "cifar-100-python", ["train", "test", "meta"], root, download,
+                       cache=cache)
 
 
-def load_svhn(root: str | os.PathLike, download: bool = False) -> Split:
+def load_svhn(root: str | os.PathLike, download: bool = False,
+              cache: str | os.PathLike | bool | None = None) -> Split:
     """SVHN (cropped digits, label 10 read as 0) through ``torchvision.datasets.SVHN``:
-    ``root/train_32x32.mat`` and ``root/test_32x32.mat``."""
+    ``root/train_32x32.mat`` and ``root/test_32x32.mat``. ``cache``: where the decoded arrays are cached
+    (see :mod:`.cache`; False: not cached)."""
     from torchvision.datasets import SVHN
 
     root = Path(root).expanduser()
@@ -346,15 +397,17 @@ def load_svhn(root: str | os.PathLike, download: bool = False) -> Split:
         ds = _torchvision_call("SVHN", root, layout, lambda: SVHN(str(root), split=split, download=download))
         return ImageData(torch.from_numpy(np.ascontiguousarray(ds.data)), _labels(ds.labels), classes)
 
-    return Split(part("train"), part("test"))
+    return _cached_split("svhn", root, [root / f for f in files], lambda: Split(part("train"), part("test")), cache)
 
 
-def load_image_folder(root: str | os.PathLike, image_size: int | None = None) -> Split:
+def load_image_folder(root: str | os.PathLike, image_size: int | None = None,
+                      cache: str | os.PathLike | bool | None = None) -> Split:
     """``root/train/<class>/*`` and ``root/test/<class>/*`` (torchvision ImageFolder conventions).
 
     Classes are the sorted sub-folder names and must be the same in both halves; images are
     decoded once as RGB, resized to ``image_size`` when given. The offline CIFAR-10 copy
-    unpacks to such a folder (``cifar10-jpg``).
+    unpacks to such a folder (``cifar10-jpg``). ``cache``: where the decoded images are cached (see
+    :mod:`.cache`; False: decoded on every load).
     """
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
@@ -382,7 +435,7 @@ def load_image_folder(root: str | os.PathLike, image_size: int | None = None) ->
         )
     class_to_idx = {c: i for i, c in enumerate(classes)}
 
-    def part(half: str) -> ImageData:
+    def listing(half: str) -> list[tuple[str, int]]:
         samples: list[tuple[str, int]] = []
         for c in classes:  # one class at a time: an empty class folder is named here, not by torchvision
             try:
@@ -393,18 +446,21 @@ def load_image_folder(root: str | os.PathLike, image_size: int | None = None) ->
                     f"(allowed extensions: {', '.join(IMG_EXTENSIONS)}); "
                     f"every class needs images in both train/ and test/"
                 ) from err
-        images = decode_images([p for p, _ in samples], image_size)
-        return ImageData(images, _labels([c for _, c in samples]), list(classes))
+        return samples
 
-    return Split(part("train"), part("test"))
+    halves = {"train": listing("train"), "test": listing("test")}
+    images = _cached_decode("image_folder", root, {h: [p for p, _ in s] for h, s in halves.items()}, image_size, cache)
+    return Split(*(ImageData(images[h], _labels([c for _, c in s]), list(classes)) for h, s in halves.items()))
 
 
-def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None) -> Split:
+def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None,
+                       cache: str | os.PathLike | bool | None = None) -> Split:
     """Tiny-ImageNet-200 in its official layout; the test split is the official validation set.
 
     ``root`` is the ``tiny-imagenet-200`` folder (or its parent): ``wnids.txt``,
     ``train/<wnid>/images/*.JPEG``, ``val/images/*.JPEG`` and ``val/val_annotations.txt``
     (``<file>\\t<wnid>\\t...``). Classes are the sorted wnids; grayscale images become RGB.
+    ``cache``: where the decoded images are cached (see :mod:`.cache`; False: decoded on every load).
     """
     _check_image_size(image_size)
     base = _find_base(root, "wnids.txt", "tiny-imagenet-200")
@@ -450,9 +506,10 @@ def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None) -
         raise ValueError(f"{annotations} lists no validation images; expected one line '<file>\\t<wnid>\\t...' per "
                          f"image in {base / 'val' / 'images'}")
 
+    images = _cached_decode("tiny_imagenet", base, {"train": train_paths, "test": test_paths}, image_size, cache)
     return Split(
-        ImageData(decode_images(train_paths, image_size), _labels(train_labels), wnids),
-        ImageData(decode_images(test_paths, image_size), _labels(test_labels), list(wnids)),
+        ImageData(images["train"], _labels(train_labels), wnids),
+        ImageData(images["test"], _labels(test_labels), list(wnids)),
     )
 
 
@@ -460,7 +517,8 @@ _HAM_IMAGE_DIRS = ("images", "HAM10000_images_part_1", "HAM10000_images_part_2")
 
 
 def load_ham10000(
-    root: str | os.PathLike, image_size: int = 64, test_fraction: float = 0.2, seed: int = 0
+    root: str | os.PathLike, image_size: int = 64, test_fraction: float = 0.2, seed: int = 0,
+    cache: str | os.PathLike | bool | None = None,
 ) -> Split:
     """HAM10000 skin lesions: ``HAM10000_metadata.csv`` plus ``ISIC_*.jpg`` images.
 
@@ -469,6 +527,7 @@ def load_ham10000(
     :data:`HAM10000_CLASSES`; images are resized to ``image_size x image_size``; the split is
     stratified by label, ``train_test_split(test_size=test_fraction, random_state=seed)``, per
     image (several images of one lesion may land on both sides, as in the papers' splits).
+    ``cache``: where the decoded images are cached (see :mod:`.cache`; False: decoded on every load).
     """
     from sklearn.model_selection import train_test_split
 
@@ -527,7 +586,8 @@ def load_ham10000(
             f"cannot split the {len(labels)} images of {metadata} ({int((counts > 0).sum())} classes) by class with "
             f"test_fraction={test_fraction}: {err}"
         ) from err
-    images = decode_images([located[image_id] for image_id, _ in rows], image_size)
+    images = _cached_decode("ham10000", base, {"images": [located[image_id] for image_id, _ in rows]}, image_size,
+                            cache)["images"]
     train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
     classes = list(HAM10000_CLASSES)
     return Split(
@@ -554,7 +614,7 @@ DATASETS: Registry[Callable[..., Split]] = Registry("dataset", {
 def load_dataset(name: str, root: str | os.PathLike | None = None, **kwargs) -> Split:
     """Load data set ``name`` from ``root`` (default :func:`default_data_root`).
 
-    ``kwargs`` go to the loader (e.g. ``download`` for the torchvision sets, ``image_size``).
+    ``kwargs`` go to the loader (e.g. ``download`` for the torchvision sets, ``image_size``, ``cache``).
     An ``image_size`` for a loader without one resizes the loaded split, ``image_size=None``
     keeps the loader's size, and every loader accepts ``download=False``.
     """
@@ -562,6 +622,8 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **kwargs) -> 
     params = inspect.signature(loader).parameters
     if kwargs.get("download") is False and "download" not in params:
         kwargs.pop("download")
+    if "cache" in kwargs and "cache" not in params:
+        kwargs.pop("cache")  # digits: nothing decoded from files, nothing to cache
     if "image_size" in kwargs and kwargs["image_size"] is None:
         kwargs.pop("image_size")  # None: the loader's own size
     resize_to = None

@@ -168,6 +168,9 @@ class FederatedDataModule(L.LightningDataModule):
         image_size: resize images to ``image_size x image_size`` (``None``: the data set's size).
         seed: seeds the partition and the personal test sets.
         download: let torchvision download mnist/cifar10/cifar100/svhn (needs network access).
+        cache: where the decoded data set is cached on disk, keyed by its source files' names, sizes and times
+            (``None``: ``$LIGHTNING_DFL_CACHE`` or ``~/.cache/lightning-dfl/decoded``; ``false``: no cache; a
+            folder). Not part of the run's identity: resuming with another cache is the same run.
         max_train_samples: if set, a stratified, seeded subset of this many training samples is
             partitioned instead of the whole training split (quick runs on large data sets); at least
             ``num_clients`` and the number of classes, at most the split's size.
@@ -193,6 +196,7 @@ class FederatedDataModule(L.LightningDataModule):
         num_groups: int | None = None,
         between: str = "dirichlet",
         classes_per_group: int = 2,
+        cache: bool | str | None = None,
     ) -> None:
         super().__init__()
         DATASETS.get(dataset)  # an unknown name raises ValueError listing the allowed ones
@@ -233,7 +237,10 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(
                 f"download=True is only supported for {', '.join(sorted(DOWNLOADABLE))}, not {dataset!r}"
             )
-        self.save_hyperparameters()
+        if cache is not None and not isinstance(cache, (bool, str, Path)):
+            raise ValueError(f"cache must be a folder, true/null (the default folder) or false (off), got {cache!r}")
+        self.save_hyperparameters(ignore=["cache"])  # where decoded data is cached does not change the run
+        self.cache = cache
         self.dataset, self.root, self.num_clients = dataset, root, num_clients
         self.partition, self.alpha, self.classes_per_client = partition, float(alpha), classes_per_client
         self.min_size, self.test_samples_per_client = min_size, test_samples_per_client
@@ -260,14 +267,14 @@ class FederatedDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """With ``download=True``, fetch the torchvision data set once (Lightning calls this on one process)."""
         if self.download and not self._downloaded:
-            load_dataset(self.dataset, self.root, download=True)
+            load_dataset(self.dataset, self.root, download=True, cache=self.cache)
             self._downloaded = True
 
     def setup(self, stage: str | None = None) -> None:
         """Load the data once, partition it, draw the personal test sets (idempotent)."""
         if self._split is not None:
             return
-        kwargs: dict[str, Any] = {"download": self.download and not self._downloaded}
+        kwargs: dict[str, Any] = {"download": self.download and not self._downloaded, "cache": self.cache}
         if self.image_size_override is not None:
             kwargs["image_size"] = self.image_size_override
         split = load_dataset(self.dataset, self.root, **kwargs)

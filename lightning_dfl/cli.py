@@ -20,23 +20,41 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import DefaultHelpFormatter
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_dfl.analysis import SUBCOMMANDS
-from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.checkpoint_io import check_file
-from lightning_dfl.federation.trainer import FederatedTrainer
-from lightning_dfl.module import SparseClassifier
+
+# torch, Lightning and the project's modules that need them are imported where they are used (``fit`` in
+# lightning_dfl.fit_cli), so that ``--help``, ``--version`` and the analysis subcommands start in a moment
 
 PROG = "lightning-dfl"
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "LIGHTNING_DFL_DEBUG"
 DEBUG_HINT = f"(run with {DEBUG_FLAG} for the traceback)"
 
-#: exceptions that describe bad input (config values, names, paths, data, checkpoints), not a bug
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                                                PermissionError, MisconfigurationException, argparse.ArgumentError)
+#: exceptions that describe bad input (config values, names, paths, data, checkpoints), not a bug; with
+#: Lightning's MisconfigurationException once Lightning is imported (see :func:`user_errors`)
+_INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError,
+                                                  IsADirectoryError, PermissionError, argparse.ArgumentError)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that describe bad input: Lightning's MisconfigurationException too where Lightning was
+    imported (without it loaded, none can have been raised, and the error path stays free of its import)."""
+    exceptions = sys.modules.get("lightning.fabric.utilities.exceptions")
+    extra = getattr(exceptions, "MisconfigurationException", None)
+    return (*_INPUT_ERRORS, extra) if extra is not None else _INPUT_ERRORS
+
+
+#: the classes of ``fit`` (torch and Lightning), imported on first use: ``lightning_dfl.cli.FederatedCLI``
+_LAZY = {"FederatedCLI": "lightning_dfl.fit_cli", "FederatedArgumentParser": "lightning_dfl.fit_cli"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name == "USER_ERRORS":
+        return user_errors()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- help text --------------------------------------------------------------------------
@@ -126,94 +144,6 @@ class HelpFormatter(DefaultHelpFormatter):
         super().start_section(plain_text(heading) if heading else heading)
 
 
-class FederatedArgumentParser(LightningArgumentParser):
-    """LightningArgumentParser whose help (also a subclass's ``--*.help``) is plain text with allowed values."""
-
-    def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter,
-                 **kwargs: Any) -> None:
-        kwargs.setdefault("prog", PROG)
-        super().__init__(*args, formatter_class=formatter_class, **kwargs)
-
-
-# -- the fit command --------------------------------------------------------------------
-class FederatedCLI(LightningCLI):
-    """LightningCLI whose trainer is :class:`FederatedTrainer` (not a ``Trainer`` subclass).
-
-    ``model`` configures the worker module (architecture, mask density, optimizer), ``data`` the
-    federated datamodule and ``trainer`` the federation (algorithm, rounds, Fabric settings,
-    callbacks, logger). The resolved config is saved next to the run's metrics.
-    """
-
-    def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
-        given = sys.argv[1:] if args is None else args
-        #: the command that started the run (the trainer's resume hint after Ctrl-C repeats it)
-        self.command_line = [PROG, *given] if isinstance(given, (list, tuple)) else None
-        kwargs["parser_kwargs"] = {**({"parser_mode": "omegaconf"} if _has_omegaconf() else {}),
-                                   **(kwargs.get("parser_kwargs") or {})}
-        kwargs.setdefault("parser_class", FederatedArgumentParser)
-        super().__init__(
-            model_class=SparseClassifier,
-            datamodule_class=FederatedDataModule,
-            trainer_class=FederatedTrainer,
-            save_config_callback=None,
-            auto_configure_optimizers=False,
-            seed_everything_default=False,
-            args=args,
-            run=run,
-            **kwargs,
-        )
-
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        return {"fit": {"model", "datamodule"}}
-
-    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_class_arguments(self.trainer_class, "trainer", fail_untyped=False, instantiate=False,
-                                   sub_configs=True)
-        parser.add_lightning_class_args(self._model_class, "model")
-        parser.add_lightning_class_args(self._datamodule_class, "data")
-
-    def _parse_ckpt_path(self) -> None:
-        """Nothing: LightningCLI would ``torch.load`` the file for a LightningModule's hyperparameters, which a
-        federation checkpoint does not hold; :meth:`FederatedTrainer.fit` reads and checks it."""
-
-    def instantiate_trainer(self, **kwargs: Any) -> FederatedTrainer:
-        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        try:
-            trainer = self.trainer_class(**config)
-        except Exception as err:
-            err._lightning_dfl_option = "trainer"  # type: ignore[attr-defined]
-            raise
-        if hasattr(trainer, "command_line"):
-            trainer.command_line = self.command_line
-        return trainer
-
-    def before_fit(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        if config.get("ckpt_path"):
-            check_file(config["ckpt_path"])  # before the run folder and its config.yaml are written
-        log_dir = self.trainer.log_dir
-        if log_dir and self.trainer.is_global_zero:
-            getattr(self.trainer.logger, "experiment", None)  # let the logger create its folder first
-            parser = self._parser(self.subcommand)
-            config = self.config[self.subcommand] if self.subcommand else self.config
-            parser.save(config, str(Path(log_dir) / "config.yaml"), skip_none=False, overwrite=True,
-                        multifile=False)
-
-    def after_fit(self) -> None:
-        summary = self.trainer.summary
-        if summary is not None and summary.log_dir:
-            summary.save(summary.log_dir)
-
-
-def _has_omegaconf() -> bool:
-    try:
-        import omegaconf  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 # -- errors -----------------------------------------------------------------------------
 def _chain(err: BaseException) -> list[BaseException]:
     """``err`` and the exceptions it was raised from (``__cause__``, else ``__context__``), outermost first."""
@@ -244,12 +174,13 @@ def _in_jsonargparse(err: BaseException) -> bool:
 
 
 def _own_folders() -> tuple[str, ...]:
-    """The folders of the project's packages (``lightning_dfl`` and its ``callbacks``, ``datamodules``)."""
-    import lightning_dfl.callbacks
-    import lightning_dfl.datamodules
+    """The folders of the project's packages (``lightning_dfl`` and its ``callbacks``, ``datamodules``),
+    found without importing them (they import torch)."""
+    from importlib.util import find_spec
 
-    packages = (lightning_dfl.callbacks, lightning_dfl.datamodules)
-    return (str(Path(__file__).parent) + os.sep, *(str(Path(p.__file__).parent) + os.sep for p in packages))
+    specs = (find_spec("lightning_dfl.callbacks"), find_spec("lightning_dfl.datamodules"))
+    return (str(Path(__file__).parent) + os.sep,
+            *(str(Path(s.origin).parent) + os.sep for s in specs if s is not None and s.origin))
 
 
 def _is_validation(err: BaseException) -> bool:
@@ -268,7 +199,7 @@ def _is_device_setting(err: BaseException) -> bool:
 
 def _is_about_input(err: BaseException, parsing: bool) -> bool:
     """Whether ``err`` itself (not what wraps it) describes bad input; ``parsing``: jsonargparse wrapped it."""
-    if isinstance(err, USER_ERRORS) or _is_validation(err) or _is_device_setting(err):
+    if isinstance(err, user_errors()) or _is_validation(err) or _is_device_setting(err):
         return True
     # while parsing: a class path naming a module that is not there, a YAML syntax error
     return parsing and (isinstance(err, ImportError) or type(err).__module__.startswith("yaml."))
@@ -284,7 +215,7 @@ def is_user_error(err: BaseException) -> bool:
     raised = [e for e in chain if not _in_jsonargparse(e)]
     if raised:
         return _is_about_input(raised[0], parsing=raised[0] is not err)
-    return isinstance(err, (*USER_ERRORS, TypeError))
+    return isinstance(err, (*user_errors(), TypeError))
 
 
 def _option(chain: Sequence[BaseException], frames: Sequence[Any]) -> str | None:
@@ -363,7 +294,7 @@ def error_message(err: BaseException) -> str:
     import_path = re.search(r"Expected a dot import path string: (\S+)", texts)
     type_error = re.search(r"Expected an? <class '(\w+)'>\. Got value: (.*)", texts)
     own = [e for e in chain if not _in_jsonargparse(e)
-           and (isinstance(e, USER_ERRORS) or _is_validation(e) or _is_device_setting(e))]
+           and (isinstance(e, user_errors()) or _is_validation(e) or _is_device_setting(e))]
     try:
         import yaml
 
@@ -441,19 +372,47 @@ def version() -> str:
 
 
 # -- entry point ------------------------------------------------------------------------
-USAGE = """usage: lightning-dfl {fit,schedule,cost,curves,export} ... [--debug] [--version]
+USAGE = """usage: lightning-dfl {fit,schedule,cost,curves,export,plot} ... [--debug] [--version]
 
   fit       train a federation: lightning-dfl fit --config configs/dispfl_digits.yaml (fit --help)
   schedule  DA-DPFL dynamic aggregation: parallelism and delay against M and N (Figs. 8-9)
   cost      C_total(theta) cost curves of finished runs (DA-DPFL Sec. VI-A5)
   curves    plot logged metrics against the round for finished runs (needs .[plots])
   export    a client's channel-pruned model as a smaller network, with its size, MACs and latency
+  plot      figures of one run: lightning-dfl plot diagnostics RUN_DIR [--out DIR] (needs .[plots])
 
   --debug   show the full traceback of an error (also LIGHTNING_DFL_DEBUG=1)
   --version print the version
 """
 
-COMMANDS = ("fit", *SUBCOMMANDS)
+COMMANDS = ("fit", *SUBCOMMANDS, "plot")
+
+#: ``lightning-dfl plot KIND RUN_DIR``: the kinds of figures and what they show
+PLOT_KINDS = {"diagnostics": "spectral gap, consensus distance, mask Jaccard and flips per round; the final "
+                             "mask-Jaccard and bytes heatmaps; per-client accuracy"}
+
+
+def _plot(args: list[str]) -> None:
+    """``lightning-dfl plot diagnostics RUN_DIR [--out DIR]``: write a run's diagnostics figures."""
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} plot", exit_on_error=False,
+        description="Figures of one run (PNG files; needs matplotlib: pip install -e '.[plots]').",
+        epilog="kinds: " + "; ".join(f"{k}: {v}" for k, v in PLOT_KINDS.items()))
+    parser.add_argument("kind", help=f"what to plot; allowed: {', '.join(PLOT_KINDS)}")
+    parser.add_argument("run_dir", help="the run folder (runs/<algorithm>/version_N)")
+    parser.add_argument("--out", default=None, help="folder of the figures (default: RUN_DIR/diagnostics)")
+    if not args or args[0] in ("-h", "--help"):
+        parser.print_help()
+        return
+    if args[0] not in PLOT_KINDS:
+        raise ValueError(f"unknown plot kind {args[0]!r}; allowed: {', '.join(PLOT_KINDS)}")
+    if len([a for a in args if not a.startswith("-")]) < 2:
+        raise ValueError(f"plot {args[0]} needs a run folder: {PROG} plot {args[0]} runs/<algorithm>/version_N")
+    ns = parser.parse_args(args)
+    from lightning_dfl.plots import plot_diagnostics
+
+    for path in plot_diagnostics(ns.run_dir, ns.out):
+        print(f"figure: {path}")
 
 
 def _command_error(first: str) -> NoReturn:
@@ -469,12 +428,17 @@ def _command_error(first: str) -> NoReturn:
 
 
 def _run(args: list[str]) -> None:
+    if args[0] == "plot":
+        _plot(args[1:])
+        return
     if args[0] in SUBCOMMANDS:
         from jsonargparse import CLI
 
         CLI(SUBCOMMANDS[args[0]], args=args[1:], exit_on_error=False, formatter_class=HelpFormatter,
             prog=f"{PROG} {args[0]}")
         return
+    from lightning_dfl.fit_cli import FederatedCLI
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
         FederatedCLI(args=args, parser_kwargs={"exit_on_error": False, "prog": PROG})

@@ -20,6 +20,7 @@ from torch import nn
 
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.checkpoint_io import read_state
+from lightning_dfl.federation.compact_state import checkpoint_weights
 from lightning_dfl.models import build_model
 from lightning_dfl.sparse.channels import ChannelMasks, channel_groups, export, masked_macs, masked_param_count
 from lightning_dfl.sparse.flops import profile_flops
@@ -52,10 +53,11 @@ def client_model(checkpoint: str | Path, client: int) -> tuple[nn.Module, Channe
     model = build_model(arch, num_classes=spec[0], in_channels=spec[1], image_size=spec[2], **options)
     store = state["store"]
     slot = int(store["slot"][client])
+    weights = checkpoint_weights(store, client)  # a dense or a compact store's checkpoint
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
-            if name in store["weights"]:
-                tensor.copy_(store["weights"][name][slot, client])
+            if name in weights:
+                tensor.copy_(weights[name])
     model.eval()
     try:
         channel_groups(model)

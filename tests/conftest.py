@@ -22,3 +22,11 @@ def plain_trainer(callbacks, **kwargs):
     """A quiet CPU ``lightning.pytorch.Trainer`` with ``callbacks``."""
     return Trainer(callbacks=callbacks, accelerator="cpu", logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, **kwargs)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _decoded_data_cache(tmp_path_factory):
+    """Decoded data sets are cached in the session's temporary folder, never in the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LIGHTNING_DFL_CACHE", str(tmp_path_factory.mktemp("decoded-cache")))
+        yield

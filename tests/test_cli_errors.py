@@ -105,7 +105,9 @@ CASES = [
     ("rounds_not_an_int", ["--trainer.rounds=ten"], ["trainer.rounds", "ten"]),
     ("num_neighbors_not_an_int", ["--trainer.algorithm.init_args.num_neighbors=four"], ["num_neighbors", "four"]),
     ("client_speeds_wrong_length", ["--trainer.client_speeds=[1,2]"], ["client_speeds", "2", "20"]),
-    ("devices_3", ["--trainer.devices=3"], ["devices=3"]),
+    ("devices_0", ["--trainer.devices=0"], ["devices", "0"]),
+    ("strategy_fsdp_with_2_devices", ["--trainer.devices=2", "--trainer.strategy=fsdp"], ["fsdp", "'ddp'"]),
+    ("algorithm_not_shardable", ["--trainer.devices=2", "--trainer.algorithm=FedFomo"], ["FedFomo", "devices=1"]),
     ("accelerator_absent", ["--trainer.accelerator=mps"], ["MPS"]),
     # unknown names
     ("unknown_dataset", ["--data.dataset=imagenet42"], ["imagenet42", "digits", "cifar10"]),

@@ -158,9 +158,8 @@ def test_bf16_precisions_train_and_keep_the_mask(precision):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"devices": 2}, "devices=2"),
-    ({"devices": "auto"}, "devices='auto'"),
-    ({"strategy": "ddp"}, "strategy='ddp'"),
+    ({"devices": "auto"}, "devices \\(processes per node\\) must be an integer >= 1, got 'auto'"),
+    ({"strategy": "ddp"}, "strategy='ddp' with 1 process"),
     ({"logger": "wandb"}, "logger must be"),
     ({"local_epochs": -1}, "local_epochs must be an integer >= 0"),
     ({"client_speeds": [1.0, 0.0]}, "client_speeds must all be > 0"),

@@ -235,7 +235,7 @@ def test_l1_penalty_adds_lambda_times_the_bn_scaling_factors():
 
     class Ctx:
         module = model
-    gammas = sum(m.weight.abs().sum() for m in model.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    gammas = sum(m.weight.detach().abs().sum() for m in model.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
     assert float((algo.loss(Ctx, batch) - model.loss(batch)).detach()) == pytest.approx(1e-3 * float(gammas), rel=1e-5)
 
 

@@ -58,18 +58,32 @@ class SerialExecutor:
             tensor.copy_(weights[name])
 
     def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0) -> None:
+        """One task: :meth:`start_task`, the algorithm's local training, :meth:`finish_task`."""
+        started = self.start_task(task, accounting, evaluate, exchange)
+        if started is not None:
+            ctx, record = started
+            record.loss = self.trainer.algorithm.local_train(ctx)
+            self.finish_task(ctx, record, accounting, evaluate)
+
+    def start_task(self, task: Task, accounting: RoundAccounting, evaluate: bool,
+                   exchange: int = 0) -> tuple[TaskContext, ClientRecord] | None:
+        """Everything before local training: messages, the server step (then done: ``None``) or the
+        aggregation, the "aggregated" evaluation, the batches and the optimizer's set-up."""
         t, algorithm = self.trainer, self.trainer.algorithm
         store, module, node = t.store, t.module, task.node
         ctx = self._context(task, exchange)
         messages = []
+        diag = getattr(t, "diag", None)
         for source in task.sources:
             message = algorithm.message(ctx, source)
             if source.node != node:  # a node's own model does not cross the network
                 accounting.transfer(source.node, node, message.value_bytes, message.index_bytes)
+                if diag is not None:  # who sent what to whom (the run's bytes matrix)
+                    diag.transfer(source.node, node, message.value_bytes, message.index_bytes)
             messages.append(message)
         if not task.train:  # a server, or a gossip step: aggregate and publish
             store.publish(node, algorithm.server_step(ctx, messages), store.mask(node))
-            return
+            return None
         t.current_client = node
         module.mask.load_(store.mask(node), apply=False)
         own, _ = store.published(node)
@@ -87,12 +101,20 @@ class SerialExecutor:
         batches = CountingBatches(t.datamodule.client_train_batches(node, generator, device=t.fabric.device),
                                   t.convert_input)
         ctx.train_batches = t.train_dataloader = batches
-        train_flops_per_sample = 3 * module.forward_flops()
+        record.flops = 3 * module.forward_flops()  # per sample, at the mask it trains under (x samples at the end)
         algorithm.configure_optimizer(ctx)
         self._restore_optimizer_state(ctx)
-        record.loss = algorithm.local_train(ctx)
+        return ctx, record
+
+    def finish_task(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting,
+                    evaluate: bool) -> None:
+        """Everything after local training (``record.loss`` set, the worker trained): fault
+        containment, the callbacks' pruning and mask search, the "trained" evaluation, publishing."""
+        t, algorithm, store, module, node = self.trainer, self.trainer.algorithm, self.trainer.store, \
+            self.trainer.module, ctx.node
+        batches = ctx.train_batches
         record.train_samples = batches.samples
-        record.flops = record.train_samples * train_flops_per_sample
+        record.flops = record.train_samples * record.flops
         diverged = record.train_samples > 0 and not math.isfinite(record.loss)
         if diverged or not self._finite():
             self._contain(ctx, record, accounting, evaluate)

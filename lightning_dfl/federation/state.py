@@ -14,6 +14,10 @@ while each neighbour's model travels with the mask it was trained with (DisPFL A
 Algorithms and callbacks keep per-client state in the store too, as declared :class:`StateField`\ s
 (Ditto's personal model, momentum buffers, a peer weight row, voting's Delta history): the store is
 the one place a checkpoint (and later a shard) needs, and callbacks keep no per-client state.
+
+This is the dense store (``FederatedTrainer(store="dense")``, the default);
+:class:`~lightning_dfl.federation.compact_state.CompactClientStore` (``store="compact"``) has the
+same API and results and keeps each node's active values plus packed mask bits.
 """
 
 from __future__ import annotations
@@ -196,12 +200,7 @@ class ClientStore:
                 fields: Mapping[str, Tensor | float | Mapping[str, Tensor]] | None = None) -> None:
         """Write the model ``node`` publishes in this round (weights and the mask trained with) and
         its published fields (those not given keep their start-of-round value)."""
-        if node in self._written:
-            raise RuntimeError(f"node {node} published twice in one round")
-        fields = dict(fields or {})
-        private = sorted(n for n in fields if not self.field_specs.get(n, StateField(n, published=True)).published)
-        if private:
-            raise ValueError(f"fields {private} are not published fields; write them with write()")
+        fields = self._check_publish(node, fields)
         current = int(self.slot[node])
         slot = 1 - current
         for n in self.names:
@@ -209,6 +208,22 @@ class ClientStore:
         for n in self.masked_names:
             self.published_masks[n][slot, node].copy_(mask[n] if mask is not None else True)
         self.active[slot, node] = self._count(mask)
+        self._publish_fields(node, fields)
+
+    def _check_publish(self, node: int, fields: Mapping[str, Any] | None) -> dict[str, Any]:
+        if node in self._written:
+            raise RuntimeError(f"node {node} published twice in one round")
+        fields = dict(fields or {})
+        private = sorted(n for n in fields if not self.field_specs.get(n, StateField(n, published=True)).published)
+        if private:
+            raise ValueError(f"fields {private} are not published fields; write them with write()")
+        return fields
+
+    def _publish_fields(self, node: int, fields: Mapping[str, Any]) -> None:
+        """Write ``node``'s published fields into its other slot (those not given keep their value) and
+        mark it written."""
+        current = int(self.slot[node])
+        slot = 1 - current
         for name, spec in self.field_specs.items():
             if not spec.published:
                 continue
@@ -224,6 +239,22 @@ class ClientStore:
         if mask is None:
             return self.unmasked_size + self.masked_size()
         return self.unmasked_size + sum(int(mask[n].sum()) for n in self.masked_names)
+
+    def task_views(self, node: int) -> list[Tensor]:
+        """Views of everything ``node``'s task writes this round: the slot it publishes into (weights,
+        mask, value count, published fields), its current mask and its private fields. Processes that
+        share a federation (:mod:`~lightning_dfl.federation.sharding`) copy these from the task's owner."""
+        slot = 1 - int(self.slot[node])
+        views = [self.weights[n][slot, node] for n in self.names]
+        views += [self.published_masks[n][slot, node] for n in self.masked_names]
+        views += [self.active[slot:slot + 1, node], *(self.masks[n][node] for n in self.masked_names)]
+        for name, spec in self.field_specs.items():
+            views += [t[slot, node] if spec.published else t[node] for t in self.fields[name].values()]
+        return views
+
+    def mark_published(self, node: int) -> None:
+        """Record that ``node`` published this round (its views were copied from another process)."""
+        self._written.add(node)
 
     @torch.no_grad()
     def set_mask(self, node: int, mask: Mapping[str, Tensor]) -> None:
@@ -280,24 +311,36 @@ class ClientStore:
 
     @torch.no_grad()
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output into this store (same nodes, names, fields and shapes)."""
+        """Restore :meth:`state_dict`'s output into this store (same nodes, names, fields and shapes); a
+        compact store's (:class:`~lightning_dfl.federation.compact_state.CompactClientStore`) is expanded."""
+        if state.get("format") == "compact":
+            from lightning_dfl.federation.compact_state import dense_state_dict
+
+            state = dense_state_dict(state, self)
         pairs = [(key, getattr(self, key), state[key]) for key in ("weights", "published_masks", "masks")]
-        theirs_fields = state.get("fields", {})
-        if set(theirs_fields) != set(self.fields):
-            raise ValueError(f"the checkpoint's state fields {sorted(theirs_fields)} differ from this run's "
-                             f"{sorted(self.fields)}")
-        pairs += [(f"field {name!r}", self.fields[name], theirs_fields[name]) for name in self.fields]
-        for key, mine, theirs in pairs:
-            if set(mine) != set(theirs) or any(mine[n].shape != theirs[n].shape for n in mine):
-                raise ValueError(f"the checkpoint's {key} do not fit this store: it has "
-                                 f"{ {n: tuple(t.shape) for n, t in theirs.items()} }, the store "
-                                 f"{ {n: tuple(t.shape) for n, t in mine.items()} }")
+        pairs += self._field_pairs(state)
+        self._check_pairs(pairs)
         for _, mine, theirs in pairs:
             for n in mine:
                 mine[n].copy_(theirs[n])
         self.slot.copy_(state["slot"])
         self.active.copy_(state["active"])
         self._written.clear()
+
+    def _field_pairs(self, state: Mapping[str, Any]) -> list[tuple[str, dict[str, Tensor], Mapping[str, Tensor]]]:
+        theirs_fields = state.get("fields", {})
+        if set(theirs_fields) != set(self.fields):
+            raise ValueError(f"the checkpoint's state fields {sorted(theirs_fields)} differ from this run's "
+                             f"{sorted(self.fields)}")
+        return [(f"field {name!r}", self.fields[name], theirs_fields[name]) for name in self.fields]
+
+    @staticmethod
+    def _check_pairs(pairs: list[tuple[str, dict[str, Tensor], Mapping[str, Tensor]]]) -> None:
+        for key, mine, theirs in pairs:
+            if set(mine) != set(theirs) or any(mine[n].shape != theirs[n].shape for n in mine):
+                raise ValueError(f"the checkpoint's {key} do not fit this store: it has "
+                                 f"{ {n: tuple(t.shape) for n, t in theirs.items()} }, the store "
+                                 f"{ {n: tuple(t.shape) for n, t in mine.items()} }")
 
     def nbytes(self) -> int:
         """Memory held by the store's tensors."""

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import MixedPrecision
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 from torch import Tensor
@@ -28,14 +29,18 @@ from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
+from lightning_dfl.federation.batched import batched_executor
 from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from lightning_dfl.federation.checkpoint_io import check_file
 from lightning_dfl.federation.clock import Clock
+from lightning_dfl.federation.compact_state import check_store_kind, store_class
 from lightning_dfl.federation.context import CountingBatches, RoundContext
+from lightning_dfl.federation.diagnostics import AUTO_MAX_K, RunDiagnostics, check_diagnostics, personal_spread
 from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED, SerialExecutor
 from lightning_dfl.federation.interrupts import Interrupted, resume_command, stop_requests
 from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
+from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
 from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
@@ -51,7 +56,10 @@ class FederatedTrainer:
         local_steps: if set, each client runs exactly this many optimizer steps per round instead of
             ``local_epochs`` epochs (PSFL's local work; passes over the data restart as needed).
         eval_every: evaluate every this many rounds (the last round always).
-        accelerator, devices, precision, strategy: passed to ``lightning.fabric.Fabric``.
+        accelerator, precision: passed to ``lightning.fabric.Fabric``.
+        devices, num_nodes, strategy: more than one process in all (``devices x num_nodes``, strategy
+            ``"ddp"`` or ``"auto"``) shards each plan level's tasks across the processes, no gradient
+            all-reduce (:mod:`~lightning_dfl.federation.sharding`); results are those of one process.
         callbacks: Lightning callbacks; they receive the training hooks and the federated hooks
             of :mod:`lightning_dfl.callbacks.base`.
         logger: a Lightning logger, ``True``/``None`` for a CSV logger, ``"tensorboard"`` for a
@@ -63,6 +71,9 @@ class FederatedTrainer:
         clock: the simulated clock (:class:`~lightning_dfl.federation.clock.Clock`: per-client compute
             times, fixed or drawn with per-round noise, and transfer times); default unit times.
         store_device: where client states live (``"cpu"``, or ``"worker"`` for the worker's device).
+        store: the client store's backend: ``"dense"`` (two dense slots per node) or ``"compact"``
+            (each node's active values plus packed mask bits, bit-identical results; see
+            :mod:`~lightning_dfl.federation.compact_state`).
         enable_progress_bar: show a progress bar over rounds and a summary at the end.
         checkpoint_every: save the federation's state every this many rounds (and after the last)
             to :attr:`checkpoint_path`; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.
@@ -75,6 +86,14 @@ class FederatedTrainer:
         resume_allow: settings that may differ from the checkpoint's when resuming with
             ``fit(..., ckpt_path=...)`` (e.g. ``["model/lr"]``); ``rounds``, ``eval_every`` and
             ``checkpoint_every`` may always change.
+        diagnostics: log the run's diagnostics (``diag/*``: spectral gap of the realized mixing matrix,
+            consensus distance, mask Jaccard and flips; the bytes and mask-Jaccard matrices in
+            ``<log_dir>/diagnostics/``; :mod:`~lightning_dfl.federation.diagnostics`): ``True``, ``False``
+            or ``"auto"`` (on when K <= 100).
+        diag_every: compute the diagnostics every this many rounds (the last always).
+        batched_clients: train each plan level's clients together with ``torch.func`` (stacked
+            parameters, ``vmap``; :mod:`~lightning_dfl.federation.batched`): the same results up to
+            float rounding, for the default local loop on models without BatchNorm or dropout.
     """
 
     is_federated = True
@@ -90,6 +109,7 @@ class FederatedTrainer:
         devices: int | str = 1,
         precision: str | int | None = None,
         strategy: str = "auto",
+        num_nodes: int = 1,
         callbacks: list[Callback] | Callback | None = None,
         logger: Logger | bool | str | None = True,
         default_root_dir: str = "runs",
@@ -97,12 +117,16 @@ class FederatedTrainer:
         client_speeds: Sequence[float] | None = None,
         clock: Clock | None = None,
         store_device: str = "cpu",
+        store: str = "dense",
         enable_progress_bar: bool = True,
         checkpoint_every: int = 0,
         cpu_threads: int | None = None,
         dropout: float = 0.0,
         deadline: float | None = None,
         resume_allow: Sequence[str] = (),
+        diagnostics: bool | str = "auto",
+        diag_every: int = 1,
+        batched_clients: bool = False,
     ) -> None:
         self.algorithm = algorithm if algorithm is not None else DisPFL()
         if not isinstance(self.algorithm, Algorithm):
@@ -113,15 +137,17 @@ class FederatedTrainer:
         if local_steps is not None:
             check_int("local_steps (None: local_epochs epochs)", local_steps, 1)
         check_int("eval_every", eval_every, 1)
-        if devices not in (1, "1"):
-            raise ValueError(f"devices={devices!r}: the federation trains all clients with one worker on one "
-                             "device for now (sharding clients across processes is planned); use devices=1 and "
-                             "pick the device with accelerator")
-        if strategy not in ("auto", "single_device"):
-            raise ValueError(f"strategy={strategy!r}: the federation runs one worker per process; "
-                             "allowed: 'auto', 'single_device'")
+        devices = check_int("devices (processes per node)", int(devices) if isinstance(devices, str)
+                            and devices.isdigit() else devices, 1)
+        num_nodes = check_int("num_nodes", num_nodes, 1)
+        world_size = devices * num_nodes
+        allowed = ("auto", "single_device") if world_size == 1 else ("auto", "ddp")
+        if strategy not in allowed:
+            raise ValueError(f"strategy={strategy!r} with {world_size} process(es): each process trains its own "
+                             f"clients with one worker; allowed: {', '.join(repr(a) for a in allowed)}")
         if store_device not in ("cpu", "worker"):
             raise ValueError(f"store_device must be 'cpu' or 'worker', got {store_device!r}")
+        self.store_kind = check_store_kind(store)
         self.checkpoint_every = check_int("checkpoint_every (0: never)", checkpoint_every, 0)
         self.cpu_threads = None if cpu_threads is None else check_int("cpu_threads", cpu_threads, 1)
         if client_speeds is not None and clock is not None:
@@ -138,6 +164,16 @@ class FederatedTrainer:
         self.dropout = float(dropout)
         self.deadline = None if deadline is None else float(deadline)
         self.resume_allow = tuple(resume_allow)
+        if not isinstance(batched_clients, bool):
+            raise ValueError(f"batched_clients must be True or False, got {batched_clients!r}")
+        if batched_clients and world_size > 1:
+            raise ValueError("batched_clients trains a level's clients together in one process; it cannot be "
+                             f"combined with {world_size} processes yet: use devices=1, or batched_clients=False")
+        self.batched_clients = batched_clients
+        self.diagnostics = check_diagnostics(diagnostics)
+        self.diag_every = check_int("diag_every", diag_every, 1)
+        #: the run's diagnostics collector (set up in fit when diagnostics are on)
+        self.diag: RunDiagnostics | None = None
         #: the command line that started the run (set by the CLI), for the resume hint
         self.command_line: list[str] | None = None
         self.rounds = rounds
@@ -150,7 +186,8 @@ class FederatedTrainer:
         self.enable_progress_bar = enable_progress_bar
         self.default_root_dir = default_root_dir
         self.precision = precision
-        self._fabric_kwargs = {"accelerator": accelerator, "devices": 1, "precision": precision, "strategy": strategy}
+        self._fabric_kwargs = {"accelerator": accelerator, "devices": devices, "num_nodes": num_nodes,
+                               "precision": precision, "strategy": "ddp" if world_size > 1 else strategy}
         self.fabric = Fabric(**self._fabric_kwargs)  # validates accelerator and precision now; rebuilt in fit
         self.callbacks = self._merge_callbacks(callbacks)
         self.logger = build_logger(logger, default_root_dir, self.algorithm.name)
@@ -175,7 +212,8 @@ class FederatedTrainer:
 
     @property
     def is_global_zero(self) -> bool:
-        return self.fabric.is_global_zero
+        # before Fabric launches, a process it started knows its rank from the environment only
+        return self.fabric.is_global_zero and rank_zero_only.rank == 0
 
     @property
     def global_rank(self) -> int:
@@ -237,10 +275,21 @@ class FederatedTrainer:
             torch.set_num_threads(self.cpu_threads)
         # the module is Fabric's callback: it re-masks the weights after every optimizer step
         self.fabric = Fabric(**self._fabric_kwargs, callbacks=[model])
+        if self.fabric.world_size > 1:  # clients sharded across processes
+            check_shardable(self.algorithm, self.callbacks)
+            self.fabric.launch()
+            self.executor = ShardedExecutor(self)
+            if not self.is_global_zero:
+                self.logger = None  # process 0 writes the run folder
         self.fabric.seed_everything(self.seed, verbose=False)
-        self.fabric.setup_module(model)  # device placement and the precision's dtype
+        if self.fabric.world_size > 1:  # no DDP wrapper: each process trains other clients, nothing is all-reduced
+            self.fabric.strategy.precision.convert_module(model).to(self.fabric.device)
+        else:
+            self.fabric.setup_module(model)  # device placement and the precision's dtype
         model.mask.to(self.fabric.device)
         self.optimizer = self.fabric.setup_optimizers(self.algorithm.make_optimizer(model))
+        if self.batched_clients:
+            self.executor = batched_executor(self)
         # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
         plugin = self.fabric.strategy.precision
         self.convert_input = None if isinstance(plugin, MixedPrecision) else plugin.convert_input
@@ -248,8 +297,8 @@ class FederatedTrainer:
         store_device = "cpu" if self.store_device == "cpu" else self.fabric.device
         num_nodes = num_clients + self.algorithm.num_servers
         self.clock.setup(num_clients, self.algorithm.num_servers, self.seed)
-        self.store = ClientStore(self.worker, list(model.mask.masks), num_nodes, device=store_device,
-                                 fields=self._state_fields(model))
+        self.store = store_class(self.store_kind)(self.worker, list(model.mask.masks), num_nodes,
+                                                  device=store_device, fields=self._state_fields(model))
         shared_mask = model.mask.state()
         for node in range(num_nodes):
             if self.algorithm.personal_masks and node < num_clients:
@@ -262,6 +311,11 @@ class FederatedTrainer:
         for callback in self.callbacks:
             callback.setup(self, model, "fit")
         self.reporter = RoundReporter(self.logger, self.is_global_zero)
+        self.diag = None
+        if self.diagnostics is True or (self.diagnostics == "auto" and num_clients <= AUTO_MAX_K):
+            parameters = [n for n, _ in model.model.named_parameters()]
+            self.diag = RunDiagnostics(num_clients, num_nodes, self.rounds, self.seed, self.diag_every, parameters,
+                                       self.log_dir if self.is_global_zero else None)
         if self.logger is not None:
             self.logger.log_hyperparams({
                 "algorithm": repr(self.algorithm), "rounds": self.rounds, "local_epochs": self.local_epochs,
@@ -297,6 +351,11 @@ class FederatedTrainer:
         first_round = load_checkpoint(self, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
         if first_round:
             self.reporter.replay(self.history, Path(ckpt_path).parent.parent)
+        if self.diag is not None:
+            if first_round:
+                self.diag.replay(Path(ckpt_path).parent.parent, first_round)
+            self.diag.start(self.store, [datamodule.client_label_counts(k) for k in range(self.num_clients)],
+                            getattr(datamodule, "client_groups", None))
         self._call("on_fit_start")
         self._call("on_train_start")
         start = time.perf_counter()
@@ -306,7 +365,8 @@ class FederatedTrainer:
                 metrics = self.run_round(round_idx)
                 if stop.requested or (self.checkpoint_every and ((round_idx + 1) % self.checkpoint_every == 0
                                                                  or round_idx == self.rounds - 1)):
-                    save_checkpoint(self, self.checkpoint_path)
+                    if self.is_global_zero:  # every process holds the same state
+                        save_checkpoint(self, self.checkpoint_path)
                 advance(metrics)
                 if stop.requested and round_idx < self.rounds - 1:
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx}")
@@ -394,8 +454,12 @@ class FederatedTrainer:
             accounting.edge_bytes.clear()  # the clock times each exchange's own messages
             for sender, receiver, nbytes in plan.side_transfers:
                 accounting.transfer(sender, receiver, 0, nbytes)
+                if self.diag is not None:
+                    self.diag.transfer(sender, receiver, 0, nbytes)
             self.executor.run(plan, evaluate, accounting, exchange)
             self.store.end_round()
+            if self.diag is not None:
+                self.diag.observe(plan)
             timings.append((self.clock.round_metrics(plan, durations, accounting.edge_bytes),
                             any(t.train for t in plan.tasks)))
         failed = sorted(r.client for r in accounting.records if r.nonfinite)
@@ -415,6 +479,9 @@ class FederatedTrainer:
         if evaluate:
             metrics.update(self._consensus_metrics())
         self._call("on_federated_round_end")
+        metrics.update(personal_spread([r.acc_trained for r in accounting.records if r.acc_trained is not None]))
+        if self.diag is not None:
+            metrics.update(self.diag.end_round(round_idx, self.store))
         metrics.update(self._extra_metrics)
         metrics.update(self.algorithm.round_metrics(metrics))
         self.reporter.update_best(metrics, self.history, self.algorithm.headline)

@@ -66,6 +66,10 @@ class Algorithm:
     sends_masks = False
     #: per-parameter optimizer state kept per client across rounds (empty: fresh each round)
     keep_optimizer_state: tuple[str, ...] = ()
+    #: whether its clients may be sharded across processes (``trainer.devices`` > 1): true when no hook
+    #: run inside a task changes the algorithm's own Python state, or when it implements the sharding
+    #: protocol of :mod:`~lightning_dfl.federation.sharding`
+    shardable = False
     #: exchanges (plans) per round: :meth:`plan_round` is called once per exchange with
     #: ``ctx.exchange``; each exchange's published models are what the next one reads (gossip steps)
     exchanges_per_round = 1

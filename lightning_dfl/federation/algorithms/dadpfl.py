@@ -33,6 +33,7 @@ class DADPFL(GossipAlgorithm):
     """
 
     name = "dadpfl"
+    shardable = True  # no state changes inside tasks (its callbacks speak the sharding protocol)
     personal_masks = True
     sends_masks = True
 

@@ -16,6 +16,7 @@ class FedAvg(Algorithm):
     """
 
     name = "fedavg"
+    shardable = True  # no state changes inside tasks
     num_servers = 1
     headline = "consensus"
 

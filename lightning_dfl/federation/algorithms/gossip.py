@@ -37,6 +37,7 @@ class DisPFL(GossipAlgorithm):
     """
 
     name = "dispfl"
+    shardable = True  # no state changes inside tasks
     personal_masks = True
     sends_masks = True
 
@@ -68,6 +69,7 @@ class DPSGD(GossipAlgorithm):
     reports each client's own model instead (PRISAM's "FedAvg" baseline, prisam-notes 13)."""
 
     name = "dpsgd"
+    shardable = True  # no state changes inside tasks
     headline = "consensus"
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", headline: str = "consensus") -> None:
@@ -88,6 +90,7 @@ class Local(Algorithm):
     """Local training only: no communication (the papers' "Local" baseline)."""
 
     name = "local"
+    shardable = True  # no state changes inside tasks
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         return RoundPlan(ctx.round_idx, [Task(node=k) for k in ctx.active_clients])

@@ -95,6 +95,7 @@ class PRISAM(GossipAlgorithm):
     """
 
     name = "prisam"
+    shardable = True
 
     def __init__(self, ratio: float | list[float] = 0.5, num_groups: int = 5, grouping: str = "kmeans",
                  warmup_rounds: int = 3, regroup: str = "every_round", prune_after_train: bool = False,
@@ -403,6 +404,19 @@ class PRISAM(GossipAlgorithm):
             # Table I's communication column: 10 x the published model's MiB (notes 11)
             out["prisam/published_mib_x10"] = 10 * (sum(params) / len(params)) * 4 / 2 ** 20
         return out
+
+    # -- sharded federations (lightning_dfl.federation.sharding) ----------------------------
+    def shard_snapshot(self) -> frozenset[int]:
+        return frozenset(self._published)
+
+    def shard_delta(self, snapshot: frozenset[int]) -> dict[int, tuple[int, int]]:
+        return {k: v for k, v in self._published.items() if k not in snapshot}
+
+    def shard_rollback(self, snapshot: frozenset[int]) -> None:
+        self._published = {k: v for k, v in self._published.items() if k in snapshot}
+
+    def shard_apply(self, delta: dict[int, tuple[int, int]]) -> None:
+        self._published.update(delta)
 
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

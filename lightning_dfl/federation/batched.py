@@ -1,0 +1,194 @@
+"""Batched clients: the tasks of one plan level trained together with ``torch.func``.
+
+:class:`BatchedExecutor` starts every task of a level as the serial executor does (messages,
+aggregation, the "aggregated" evaluation, the batches), captures each client's weights, mask and
+batches, then trains them all at once: the clients' parameters are stacked along a new leading
+dimension and every step runs ``vmap(grad(loss))`` over ``functional_call`` of the one model
+architecture. Masked SGD is applied functionally, exactly as the serial path does it: gradients
+times the mask, ``torch.optim.SGD``'s update (weight decay, momentum, dampening, Nesterov), the
+weights times the mask. Clients with fewer or smaller batches are padded: a padded sample has
+weight 0 in the loss (the mean is over real samples) and a client with no batch left at a step
+keeps its weights and momentum. Then every task is finished one by one (callbacks, the "trained"
+evaluation, publishing). Results equal the serial path's up to float rounding (tested on CPU).
+
+It applies to the default local loop only: an algorithm with its own ``local_train``, ``loss``,
+``optimizer_step`` or kept optimizer state, a module with its own ``loss``, a model with buffers
+(BatchNorm) or dropout, a precision other than 32-bit, or a callback with batch hooks is refused
+with the reason, before training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Callback
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
+from lightning_dfl.federation.context import TaskContext
+from lightning_dfl.federation.executor import SerialExecutor
+from lightning_dfl.federation.local import _batches
+from lightning_dfl.federation.plan import RoundPlan
+
+if TYPE_CHECKING:
+    from lightning_dfl.federation.trainer import FederatedTrainer
+
+__all__ = ["BatchedExecutor", "check_batchable"]
+
+_BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
+                "on_before_optimizer_step")
+
+
+def check_batchable(trainer: FederatedTrainer) -> None:
+    """Raise ``ValueError`` (naming the reason) unless the run can train its clients batched."""
+    from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
+    from lightning_dfl.federation.algorithms.base import Algorithm
+    from lightning_dfl.module import SparseClassifier
+
+    algorithm, module = trainer.algorithm, trainer.module
+    name = type(algorithm).__name__
+    for hook in ("local_train", "loss", "optimizer_step"):
+        if getattr(type(algorithm), hook) is not getattr(Algorithm, hook):
+            raise ValueError(f"batched_clients: {name} has its own {hook}; only the default local loop is batched")
+    if algorithm.keep_optimizer_state:
+        raise ValueError(f"batched_clients: {name} keeps optimizer state across rounds; not batched")
+    if type(module).loss is not SparseClassifier.loss:
+        raise ValueError(f"batched_clients: {type(module).__name__} overrides loss; not batched")
+    for layer_name, layer in module.model.named_modules():
+        if isinstance(layer, (nn.modules.batchnorm._NormBase, nn.modules.dropout._DropoutNd)):
+            raise ValueError(f"batched_clients: the model's {layer_name} ({type(layer).__name__}) behaves "
+                             "differently per batch; use a model without BatchNorm and dropout (e.g. cnn_cifar)")
+    if list(module.model.buffers()):
+        raise ValueError("batched_clients: the model has buffers; only models without buffers are batched")
+    if trainer.precision not in (None, "32-true", "32", 32):
+        raise ValueError(f"batched_clients: precision {trainer.precision!r}; only 32-true is batched")
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
+        raise ValueError(f"batched_clients: the optimizer is {type(optimizer).__name__}; only one-group SGD is batched")
+    harmless = (RigL, PQIPruning, PruningTimeVoting)  # their batch hooks do nothing in a federation
+    for callback in trainer.callbacks:
+        if isinstance(callback, harmless):
+            continue
+        hooks = [h for h in _BATCH_HOOKS
+                 if getattr(type(callback), h, None) not in (None, getattr(Callback, h, None))]
+        if hooks:
+            raise ValueError(f"batched_clients: callback {type(callback).__name__} has batch hooks "
+                             f"({', '.join(hooks)}), which a batched step cannot call per client")
+
+
+@dataclass
+class _Started:
+    """A started task waiting for its batched training."""
+
+    ctx: TaskContext
+    record: ClientRecord
+    weights: dict[str, Tensor]
+    masks: dict[str, Tensor]
+    batches: list[tuple[Tensor, Tensor]]
+
+
+class BatchedExecutor(SerialExecutor):
+    """Runs each plan level's training tasks together (see the module docstring)."""
+
+    def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
+            exchange: int = 0) -> RoundAccounting:
+        accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
+        t = self.trainer
+        for level in plan.levels():
+            started = []
+            for task in level:
+                begun = self.start_task(task, accounting, evaluate, exchange)
+                if begun is not None:
+                    started.append(self._capture(*begun))
+            losses, weights = self._train_together(started) if started else ([], [])
+            for item, loss, trained in zip(started, losses, weights):
+                t.current_client = item.ctx.node
+                self.load({**self.trainer.worker, **trained})
+                t.module.mask.load_(item.masks, apply=False)
+                t.train_dataloader = item.ctx.train_batches
+                item.record.loss = loss
+                self.finish_task(item.ctx, item.record, accounting, evaluate)
+        t.current_client = None
+        return accounting
+
+    def _capture(self, ctx: TaskContext, record: ClientRecord) -> _Started:
+        """The task's start state and its batches, drawn as the serial loop would draw them."""
+        model = ctx.module.model
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+        masks = {n: m.clone() for n, m in ctx.module.mask.masks.items()}
+        batches = [batch for _, _, batch in _batches(ctx)]
+        return _Started(ctx, record, weights, masks, batches)
+
+    def _train_together(self, items: list[_Started]) -> tuple[list[float], list[dict[str, Tensor]]]:
+        model = self.trainer.module.model
+        group = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer).param_groups[0]
+        lr, wd, momentum = float(group["lr"]), float(group["weight_decay"]), float(group["momentum"])
+        dampening, nesterov = float(group["dampening"]), bool(group["nesterov"])
+        names = list(items[0].weights)
+        params = {n: torch.stack([it.weights[n] for it in items]) for n in names}
+        masks = {n: torch.stack([it.masks[n] for it in items]).to(params[n].dtype)
+                 for n in names if n in items[0].masks}
+        buffers: dict[str, Tensor] = {}
+
+        def loss_of(p: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+            logits = functional_call(model, p, (x,))
+            return (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
+
+        step_fn = vmap(grad_and_value(loss_of))
+        steps = max(len(it.batches) for it in items)
+        loss_sum = [0.0] * len(items)
+        count = [0] * len(items)
+        model.train()
+        for s in range(steps):
+            # the clients with a batch at this step (those that ran out keep their weights and momentum)
+            rows = [i for i, it in enumerate(items) if s < len(it.batches)]
+            sizes = [int(items[i].batches[s][1].shape[0]) for i in rows]
+            width = max(sizes)
+            x0 = items[rows[0]].batches[s][0]
+            xs = torch.zeros((len(rows), width, *x0.shape[1:]), dtype=x0.dtype, device=x0.device)
+            ys = torch.zeros((len(rows), width), dtype=torch.long, device=x0.device)
+            ws = torch.zeros((len(rows), width), dtype=x0.dtype, device=x0.device)
+            for j, (i, size) in enumerate(zip(rows, sizes)):
+                xs[j, :size], ys[j, :size], ws[j, :size] = items[i].batches[s][0], items[i].batches[s][1], 1.0
+            whole = len(rows) == len(items)
+            index = None if whole else torch.tensor(rows, device=x0.device)
+            sub = params if whole else {n: params[n].index_select(0, index) for n in names}
+            grads, losses = step_fn(sub, xs, ys, ws)
+            for j, (i, size) in enumerate(zip(rows, sizes)):
+                loss_sum[i] += float(losses[j]) * size
+                count[i] += size
+            with torch.no_grad():
+                for n in names:
+                    mask = None if n not in masks else (masks[n] if whole else masks[n].index_select(0, index))
+                    d_p = grads[n] * mask if mask is not None else grads[n]
+                    if wd:
+                        d_p = d_p + wd * sub[n]
+                    if momentum:
+                        if s == 0:  # every client with data takes its first step at step 0: buf = d_p
+                            buffers[n] = torch.zeros_like(params[n])
+                            buffers[n][index if index is not None else slice(None)] = d_p
+                        elif whole:
+                            buffers[n] = momentum * buffers[n] + (1 - dampening) * d_p
+                        else:
+                            buffers[n][index] = momentum * buffers[n].index_select(0, index) + (1 - dampening) * d_p
+                        kept = buffers[n] if whole else buffers[n].index_select(0, index)
+                        d_p = d_p + momentum * kept if nesterov else kept
+                    updated = sub[n] - lr * d_p
+                    if mask is not None:
+                        updated = updated * mask
+                    if whole:
+                        params[n] = updated
+                    else:
+                        params[n][index] = updated
+        losses_out = [loss_sum[i] / count[i] if count[i] else float("nan") for i in range(len(items))]
+        return losses_out, [{n: params[n][i] for n in names} for i in range(len(items))]
+
+
+def batched_executor(trainer: Any) -> BatchedExecutor:
+    """The batched executor after :func:`check_batchable`."""
+    check_batchable(trainer)
+    return BatchedExecutor(trainer)

@@ -1,0 +1,675 @@
+"""A compact client store (``FederatedTrainer(store="compact")``): active values plus packed mask bits.
+
+:class:`~lightning_dfl.federation.state.ClientStore` keeps, per node, two dense slots of every weight
+and two bool published masks plus a bool current mask: 100 CIFAR ResNet18 clients take 11.44 GiB.
+:class:`CompactClientStore` has the same API and gives bit-identical results, but keeps
+
+* each node's published model as a *record*: for a masked parameter its values at the published mask's
+  active positions (flattened order) and the mask packed 8 bits a byte; the sign of the zeros outside
+  the mask, 1 bit per inactive entry, only when one of them is ``-0.0`` (``p.mul_(mask)`` leaves
+  ``-0.0`` where a negative weight was pruned); the whole tensor when an entry outside the mask is not
+  a zero (a server's model, a callback that changed the mask without zeroing), so nothing is ever
+  lost; unmasked tensors (biases, norm layers) dense. Records are immutable and never copied: a
+  node's current mask shares its published mask's bytes when they are equal.
+* one record per node (its start-of-round model) plus the records published in this round, instead
+  of two slots per node: the round's end replaces the start-of-round records of the nodes that wrote
+  and frees the old ones. Between rounds the store holds one record per node; within a round a node
+  that published holds two (a neighbour may still read its start-of-round model).
+* the declared fields (:class:`~lightning_dfl.federation.state.StateField`) as the dense store does,
+  two slots for published ones: :meth:`~CompactClientStore.read` returns views that callers write in
+  place (the executor's kept optimizer state, ``trainer.client_state(k)``).
+
+:meth:`~CompactClientStore.published`, :meth:`~CompactClientStore.gather` and
+:meth:`~CompactClientStore.mask` return dense tensors rebuilt on demand (zeros, the values scattered
+where the unpacked mask is set); they are read-only like the dense store's views: a write into them is
+lost (the engine and its algorithms never write into them). Checkpoints hold the records as they are
+(``state_dict()["format"] == "compact"``); either store loads the other's checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.sparse.masks import Masks
+
+#: the client store backends of ``FederatedTrainer(store=...)``
+STORE_KINDS = ("dense", "compact")
+FORMAT = "compact"
+
+
+def check_store_kind(value: Any) -> str:
+    """``value`` if it names a store backend, else ``ValueError`` naming the allowed values."""
+    if value not in STORE_KINDS:
+        raise ValueError(f"store must be one of {', '.join(repr(k) for k in STORE_KINDS)}, got {value!r}")
+    return value
+
+
+def store_class(kind: str) -> type[ClientStore]:
+    return CompactClientStore if check_store_kind(kind) == "compact" else ClientStore
+
+
+# -- bits -------------------------------------------------------------------------------------------
+
+
+def pack_bits(bits: Tensor) -> Tensor:
+    """A bool tensor as ``ceil(numel / 8)`` uint8, flattened, little-endian within a byte (numpy's
+    ``packbits(..., bitorder="little")``); on the tensor's device."""
+    flat = bits.reshape(-1)
+    if flat.dtype != torch.bool:
+        flat = flat.bool()
+    if flat.device.type == "cpu":
+        return torch.from_numpy(np.packbits(flat.contiguous().numpy(), bitorder="little"))
+    return _pack_torch(flat)
+
+
+def _pack_torch(flat: Tensor) -> Tensor:
+    """:func:`pack_bits` with torch operations (any device)."""
+    pad = (-flat.numel()) % 8
+    b = flat.view(torch.uint8)
+    if pad:
+        b = torch.nn.functional.pad(b, (0, pad))
+    b = b.view(-1, 8)
+    out = b[:, 0].clone()
+    for i in range(1, 8):
+        out |= b[:, i] << i
+    return out
+
+
+def unpack_bits(packed: Tensor, count: int) -> Tensor:
+    """The first ``count`` bits of :func:`pack_bits`'s output as a flat bool tensor (a new tensor)."""
+    if packed.device.type == "cpu":
+        return torch.from_numpy(np.unpackbits(packed.numpy(), count=count, bitorder="little")).view(torch.bool)
+    return _unpack_torch(packed, count)
+
+
+def _unpack_torch(packed: Tensor, count: int) -> Tensor:
+    """:func:`unpack_bits` with torch operations (any device)."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    return ((packed.unsqueeze(1) >> shifts) & 1).reshape(-1)[:count].view(torch.bool)
+
+
+_INTS = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+_TORCH_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _raw(t: Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a numpy integer array of its item size (bit-exact, any dtype)."""
+    return t.view(_TORCH_INTS[t.element_size()]).numpy()
+
+
+def select(values: Tensor, mask: Tensor) -> Tensor:
+    """``values.masked_select(mask)`` for flat tensors (numpy's ``compress`` on a CPU: several times faster)."""
+    if values.device.type != "cpu":
+        return values.masked_select(mask)
+    return torch.from_numpy(np.compress(mask.numpy(), _raw(values))).view(values.dtype)
+
+
+def scatter_(out: Tensor, mask: Tensor, values: Tensor) -> Tensor:
+    """``out.masked_scatter_(mask, values)`` for flat tensors (by indices on a CPU: several times faster)."""
+    if out.device.type != "cpu":
+        return out.masked_scatter_(mask, values)
+    _raw(out)[np.flatnonzero(mask.numpy())] = _raw(values)
+    return out
+
+
+def signed_zeros(negative: Tensor, dtype: torch.dtype) -> Tensor:
+    """Zeros of a floating ``dtype``, ``-0.0`` (the sign bit alone) where ``negative`` is set."""
+    if negative.device.type != "cpu":
+        return torch.zeros(negative.shape, dtype=dtype, device=negative.device).masked_fill_(negative, -0.0)
+    size = torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(negative.numpy().astype(_INTS[size]) << (8 * size - 1)).view(dtype)
+
+
+def _storages(tensors: Iterable[Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _load_malloc_trim() -> Any:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+#: bytes of temporaries (dense copies, bool masks) after which the heap is trimmed
+TRIM_EVERY_BYTES = 1 << 27
+
+
+def release_heap() -> None:
+    """Give freed heap pages back to the OS (glibc's ``malloc_trim``; nothing elsewhere). A record is
+    allocated between a task's temporaries, which glibc then keeps: without this the process's RSS grows
+    by about the temporaries of every write (tens of MB per ResNet18 model) although the store is small."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+_POPCOUNT = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
+
+
+def _bit_range(packed: Tensor, start: int, stop: int) -> Tensor:
+    """Bits ``[start, stop)`` of a :func:`pack_bits` output, as a flat bool tensor."""
+    first = start // 8
+    bits = unpack_bits(packed[first:(stop + 7) // 8].contiguous(), stop - first * 8)
+    return bits[start - first * 8:]
+
+
+def _count_before(packed: Tensor, stop: int) -> int:
+    """Set bits among the first ``stop`` bits."""
+    full = stop // 8
+    count = int(_POPCOUNT.to(packed.device)[packed[:full].long()].sum()) if full else 0
+    if stop % 8:
+        count += int(_bit_range(packed, full * 8, stop).sum())
+    return count
+
+
+class _Stacked:
+    """A stand-in for the dense store's stacked ``(2, N, *shape)`` tensor of one entry, for readers that
+    slice it in column blocks (:mod:`~lightning_dfl.federation.diagnostics`): ``reshape(2 N, -1)``,
+    then ``[:, start:stop].index_select(0, rows)`` with ``rows = slot * N + node`` decodes only those
+    rows' columns. Nothing else of a tensor's API is offered."""
+
+    def __init__(self, store: CompactClientStore, name: str, mask: bool, start: int = 0, stop: int | None = None,
+                 flat: bool = False) -> None:
+        self.store, self.name, self.mask = store, name, mask
+        self.start, self.stop, self.flat = start, store.numels[name] if stop is None else stop, flat
+        self.dtype = torch.bool if mask else store.dtypes[name]
+
+    @property
+    def shape(self) -> torch.Size:
+        n = self.store.num_nodes
+        if self.flat:
+            return torch.Size((2 * n, self.stop - self.start))
+        return torch.Size((2, n, *self.store.shapes[self.name]))
+
+    def reshape(self, *shape: int) -> _Stacked:
+        if len(shape) != 2 or shape[0] != 2 * self.store.num_nodes or shape[1] not in (-1, self.store.numels[self.name]):
+            raise NotImplementedError(f"a compact store's stacked {self.name!r} reshapes to (2 N, -1) only, got {shape}")
+        return _Stacked(self.store, self.name, self.mask, flat=True)
+
+    def __getitem__(self, key: Any) -> _Stacked:
+        if not (self.flat and isinstance(key, tuple) and len(key) == 2 and key[0] == slice(None)
+                and isinstance(key[1], slice) and key[1].step in (None, 1)):
+            raise NotImplementedError("a compact store's stacked entry is sliced as [:, start:stop] only")
+        start, stop, _ = key[1].indices(self.stop - self.start)
+        return _Stacked(self.store, self.name, self.mask, self.start + start, self.start + max(start, stop), True)
+
+    def index_select(self, dim: int, index: Tensor) -> Tensor:
+        if dim != 0 or not self.flat:
+            raise NotImplementedError("a compact store's stacked entry selects rows (dim 0) only")
+        rows = [self.store.columns(int(r), self.name, self.mask, self.start, self.stop) for r in index.tolist()]
+        if not rows:
+            return torch.zeros((0, self.stop - self.start), dtype=self.dtype, device=self.store.device)
+        return torch.stack(rows)
+
+
+# -- the store --------------------------------------------------------------------------------------
+
+
+class CompactClientStore(ClientStore):
+    """:class:`~lightning_dfl.federation.state.ClientStore`'s API over compact records (see the module
+    docstring). Same arguments."""
+
+    def __init__(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
+                 device: torch.device | str = "cpu", fields: Iterable[StateField] = ()) -> None:
+        unknown = sorted(set(masked_names) - set(template))
+        if unknown:
+            raise ValueError(f"masked names not in the template: {unknown}")
+        self.num_nodes = num_nodes
+        self.device = torch.device(device)
+        self.names = list(template)
+        self.masked_names = list(masked_names)
+        self._masked = set(masked_names)
+        self.shapes = {n: tuple(t.shape) for n, t in template.items()}
+        self.dtypes = {n: t.dtype for n, t in template.items()}
+        self.numels = {n: t.numel() for n, t in template.items()}
+        self.unmasked_size = sum(t.numel() for n, t in template.items() if n not in self._masked)
+        # the fields' slots (two per published field, as in the dense store); the records have none
+        self.slot = torch.zeros(num_nodes, dtype=torch.long)
+        self._written: set[int] = set()
+        # before initialize(): zero weights, all-true masks and no active values, as the dense store
+        blank = {"values": {n: torch.zeros(self.numels[n], dtype=self.dtypes[n], device=self.device)
+                            for n in self.names},
+                 "bits": {n: pack_bits(torch.ones(self.numels[n], dtype=torch.bool, device=self.device))
+                          for n in self.masked_names},
+                 "neg": {}, "active": 0}
+        self.records: list[dict[str, Any]] = [blank] * num_nodes  # start of round (shared: immutable)
+        self.fresh_records: dict[int, dict[str, Any]] = {}  # published in this round
+        self._incoming: dict[int, tuple[dict[str, Tensor], ...]] = {}  # task_views' buffers (sharding)
+        self._prefix: dict[tuple[int, int], int] = {}  # columns(): active values before a column
+        self._churn = 0  # bytes of temporaries since the heap was last trimmed (release_heap)
+        self.current_bits: list[dict[str, Tensor]] = [blank["bits"]] * num_nodes  # the masks trained with next
+        self.field_specs: dict[str, StateField] = {}
+        self.fields: dict[str, dict[str, Tensor]] = {}
+        for spec in fields:
+            self.declare(spec, template)
+
+    # -- records ------------------------------------------------------------------------
+    def _stored(self, name: str, value: Tensor | float) -> Tensor:
+        """``value`` as the dense store's ``copy_`` into its slot would leave it (dtype, device, shape),
+        flattened; a new tensor."""
+        out = torch.empty(self.shapes[name], dtype=self.dtypes[name], device=self.device)
+        return out.copy_(value).reshape(-1)
+
+    def _bool(self, name: str, mask: Tensor | bool) -> Tensor:
+        out = torch.empty(self.shapes[name], dtype=torch.bool, device=self.device)
+        return out.copy_(mask).reshape(-1)
+
+    def _record(self, weights: Mapping[str, Tensor], masks: Mapping[str, Tensor], active: int) -> dict[str, Any]:
+        """A record of dense ``weights`` (flat, the store's dtypes, owned) and flat bool ``masks``."""
+        values: dict[str, Tensor] = {}
+        bits: dict[str, Tensor] = {}
+        neg: dict[str, Tensor] = {}
+        for n in self.names:
+            w = weights[n]
+            if n not in self._masked:
+                values[n] = w
+                continue
+            m = masks[n]
+            bits[n] = pack_bits(m)
+            kept = select(w, m)
+            if kept.numel() == w.numel():
+                values[n] = w
+                continue
+            off = select(w, ~m)
+            if bool(off.ne(0).any()):  # a value outside the mask: keep the tensor whole
+                values[n] = w
+                continue
+            values[n] = kept
+            sign = off.signbit()
+            if bool(sign.any()):
+                neg[n] = pack_bits(sign)
+        self._churn += sum(3 * t.numel() * t.element_size() for t in weights.values())
+        if self._churn > TRIM_EVERY_BYTES and self.device.type == "cpu":
+            self._churn = 0
+            release_heap()
+        return {"values": values, "bits": bits, "neg": neg, "active": int(active)}
+
+    def _dense(self, record: Mapping[str, Any], name: str, mask: Tensor | None = None) -> Tensor:
+        """The dense tensor ``name`` of a record (a view of a dense-kept one; else rebuilt)."""
+        values, numel = record["values"][name], self.numels[name]
+        if values.numel() == numel:
+            return values.view(self.shapes[name])
+        if mask is None:
+            mask = unpack_bits(record["bits"][name], numel)
+        out = scatter_(torch.zeros(numel, dtype=values.dtype, device=values.device), mask, values)
+        neg = record["neg"].get(name)
+        if neg is not None:
+            scatter_(out, ~mask, signed_zeros(unpack_bits(neg, numel - values.numel()), values.dtype))
+        return out.view(self.shapes[name])
+
+    def _expand(self, record: Mapping[str, Any]) -> tuple[dict[str, Tensor], Masks]:
+        masks = {n: unpack_bits(record["bits"][n], self.numels[n]) for n in self.masked_names}
+        weights = {n: self._dense(record, n, masks.get(n)) for n in self.names}
+        return weights, {n: m.view(self.shapes[n]) for n, m in masks.items()}
+
+    def _latest(self, node: int, fresh: bool) -> dict[str, Any]:
+        self._slot(node, fresh)  # raises for a fresh read of a node that has not published
+        return self.fresh_records[node] if fresh else self.records[node]
+
+    # -- slots --------------------------------------------------------------------------
+    def end_round(self) -> None:
+        """Make this round's published models the current ones (the replaced records are freed)."""
+        for node, record in self.fresh_records.items():
+            self.records[node] = record
+        self.fresh_records.clear()
+        self._prefix.clear()
+        super().end_round()
+        if self.device.type == "cpu":  # the replaced records' pages
+            self._churn = 0
+            release_heap()
+
+    # -- writes -------------------------------------------------------------------------
+    @torch.no_grad()
+    def initialize(self, node: int, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None) -> None:
+        """Set a node's current model and mask before the first round (as the dense store: the weights
+        times the mask)."""
+        dense = {n: self._stored(n, weights[n]) for n in self.names}
+        masks = {}
+        for n in self.masked_names:
+            m = mask[n] if mask is not None else torch.ones(self.shapes[n], dtype=torch.bool, device=self.device)
+            masks[n] = self._bool(n, m)
+            dense[n].mul_(m.to(self.device).reshape(-1))
+        record = self._record(dense, masks, self._count(mask))
+        self.records[node] = record
+        self.current_bits[node] = record["bits"]
+
+    @torch.no_grad()
+    def publish(self, node: int, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None,
+                fields: Mapping[str, Tensor | float | Mapping[str, Tensor]] | None = None) -> None:
+        """Write the model ``node`` publishes in this round (weights and the mask trained with) and
+        its published fields (those not given keep their start-of-round value)."""
+        fields = self._check_publish(node, fields)
+        dense = {n: self._stored(n, weights[n]) for n in self.names}
+        masks = {n: self._bool(n, mask[n] if mask is not None else True) for n in self.masked_names}
+        record = self._record(dense, masks, self._count(mask))
+        current = self.current_bits[node]
+        record["bits"] = {n: current[n] if torch.equal(current[n], b) else b for n, b in record["bits"].items()}
+        self.fresh_records[node] = record
+        self._publish_fields(node, fields)
+
+    @torch.no_grad()
+    def set_mask(self, node: int, mask: Mapping[str, Tensor]) -> None:
+        """Set the mask ``node`` trains with next."""
+        self.current_bits[node] = self._share(node, {n: pack_bits(self._bool(n, mask[n])) for n in self.masked_names})
+
+    def _share(self, node: int, bits: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``bits`` (a current mask), each part replaced by the node's latest published one when equal."""
+        latest = self.fresh_records.get(node, self.records[node])["bits"]
+        return {n: latest[n] if torch.equal(latest[n], b) else b for n, b in bits.items()}
+
+    # -- processes sharing a federation (sharding) --------------------------------------
+    def task_views(self, node: int) -> list[Tensor]:
+        """The dense store's :meth:`~ClientStore.task_views`, as dense buffers: the owner's are rebuilt
+        from what its task published (read for the broadcast); another process gets empty buffers, filled
+        by the broadcast and compressed by :meth:`mark_published`. Fields are the store's own views."""
+        if node in self._written:
+            weights, masks = self.published(node, fresh=True)
+            current = self.mask(node)
+            active = torch.tensor([self.fresh_records[node]["active"]], dtype=torch.long, device=self.device)
+        else:
+            weights = {n: torch.empty(self.shapes[n], dtype=self.dtypes[n], device=self.device) for n in self.names}
+            masks = {n: torch.empty(self.shapes[n], dtype=torch.bool, device=self.device) for n in self.masked_names}
+            current = {n: torch.empty(self.shapes[n], dtype=torch.bool, device=self.device) for n in self.masked_names}
+            active = torch.zeros(1, dtype=torch.long, device=self.device)
+            self._incoming[node] = (weights, masks, current, active)
+        slot = 1 - int(self.slot[node])
+        views = [weights[n] for n in self.names]
+        views += [masks[n] for n in self.masked_names]
+        views += [active, *(current[n] for n in self.masked_names)]
+        for name, spec in self.field_specs.items():
+            views += [t[slot, node] if spec.published else t[node] for t in self.fields[name].values()]
+        return views
+
+    @torch.no_grad()
+    def mark_published(self, node: int) -> None:
+        """Record that ``node`` published this round: its :meth:`task_views` buffers, filled from another
+        process, become its record and its current mask."""
+        incoming = self._incoming.pop(node, None)
+        if incoming is not None:
+            weights, masks, current, active = incoming
+            record = self._record({n: weights[n].reshape(-1) for n in self.names},
+                                  {n: masks[n].reshape(-1) for n in self.masked_names}, int(active[0]))
+            self.fresh_records[node] = record
+            self.current_bits[node] = self._share(node, {n: pack_bits(current[n]) for n in self.masked_names})
+        self._written.add(node)
+
+    # -- the dense store's stacked tensors, read in column blocks ------------------------
+    @property
+    def weights(self) -> dict[str, _Stacked]:
+        """Stand-ins for the dense store's ``weights[name]`` (``(2, N, *shape)``) that decode column
+        blocks of the rows read (see :class:`_Stacked`); for readers such as the diagnostics."""
+        return {n: _Stacked(self, n, False) for n in self.names}
+
+    @property
+    def published_masks(self) -> dict[str, _Stacked]:
+        """Stand-ins for the dense store's ``published_masks[name]`` (see :attr:`weights`)."""
+        return {n: _Stacked(self, n, True) for n in self.masked_names}
+
+    def columns(self, row: int, name: str, mask: bool, start: int, stop: int) -> Tensor:
+        """Entries ``[start, stop)`` of ``name`` (flattened) in the dense store's row ``slot * N + node``:
+        the node's published weights or mask (its start-of-round record in its current slot, this round's
+        in the other)."""
+        slot, node = divmod(row, self.num_nodes)
+        if slot == int(self.slot[node]):
+            record = self.records[node]
+        elif node in self.fresh_records:
+            record = self.fresh_records[node]
+        else:
+            raise RuntimeError(f"node {node} has no model in slot {slot} (it has not published this round)")
+        if name not in self._masked:
+            return record["values"][name][start:stop]
+        bits = record["bits"][name]
+        if mask:
+            return _bit_range(bits, start, stop)
+        values = record["values"][name]
+        if values.numel() == self.numels[name]:
+            return values[start:stop]
+        key = (id(values), start)
+        before = self._prefix.pop(key, None)
+        if before is None:
+            before = _count_before(bits, start)
+        m = _bit_range(bits, start, stop)
+        count = int(m.sum())
+        if len(self._prefix) > 4 * self.num_nodes:
+            self._prefix.clear()
+        self._prefix[(id(values), stop)] = before + count
+        out = scatter_(torch.zeros(stop - start, dtype=values.dtype, device=values.device), m,
+                       values[before:before + count].contiguous())
+        neg = record["neg"].get(name)
+        if neg is not None:
+            inactive = start - before
+            scatter_(out, ~m, signed_zeros(_bit_range(neg, inactive, inactive + (stop - start - count)),
+                                                 values.dtype))
+        return out
+
+    # -- reads --------------------------------------------------------------------------
+    def mask(self, node: int) -> Masks:
+        """``node``'s current mask (new tensors)."""
+        bits = self.current_bits[node]
+        return {n: unpack_bits(bits[n], self.numels[n]).view(self.shapes[n]) for n in self.masked_names}
+
+    def published(self, node: int, fresh: bool = False) -> tuple[dict[str, Tensor], Masks]:
+        """A node's published weights and mask (start of round, or this round's if ``fresh``), rebuilt
+        dense; read-only."""
+        return self._expand(self._latest(node, fresh))
+
+    def gather(self, sources: list[tuple[int, bool]]) -> tuple[dict[str, list[Tensor]], dict[str, list[Tensor]]]:
+        """Several ``(node, fresh)`` sources' weights and published masks, by name, rebuilt dense."""
+        expanded = [self.published(node, fresh) for node, fresh in sources]
+        return ({n: [w[n] for w, _ in expanded] for n in self.names},
+                {n: [m[n] for _, m in expanded] for n in self.masked_names})
+
+    def active_values(self, node: int, fresh: bool = False) -> int:
+        """Values a node's published model sends: active masked entries plus all unmasked entries."""
+        return int(self._latest(node, fresh)["active"])
+
+    def masked_size(self) -> int:
+        """Entries under a mask (one bit each when a mask is sent)."""
+        return sum(self.numels[n] for n in self.masked_names)
+
+    # -- checkpoints and memory ---------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The records as they are (for checkpoints; a saved record's tensors keep their sharing);
+        call between rounds."""
+        if self._written:
+            raise RuntimeError("the store can be saved between rounds only")
+        return {"format": FORMAT, "names": list(self.names), "masked_names": list(self.masked_names),
+                "shapes": {n: list(s) for n, s in self.shapes.items()}, "records": list(self.records),
+                "current_bits": list(self.current_bits), "slot": self.slot, "fields": self.fields}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output, or a dense store's (compressed), into this store."""
+        if state.get("format") != FORMAT:
+            self._load_dense(state)
+            return
+        theirs = {n: tuple(s) for n, s in state["shapes"].items()}
+        if (list(state["names"]) != self.names or list(state["masked_names"]) != self.masked_names
+                or theirs != self.shapes or len(state["records"]) != self.num_nodes):
+            raise ValueError(f"the checkpoint's compact store does not fit this store: it has "
+                             f"{len(state['records'])} nodes, shapes {theirs} and masked names "
+                             f"{list(state['masked_names'])}; the store {self.num_nodes} nodes, shapes "
+                             f"{self.shapes} and masked names {self.masked_names}")
+        pairs = self._field_pairs(state)
+        self._check_pairs(pairs)
+        records = [self._checked(record, k) for k, record in enumerate(state["records"])]
+        current = [self._checked({"bits": bits, "values": {}, "neg": {}}, k)["bits"]
+                   for k, bits in enumerate(state["current_bits"])]
+        for _, mine, theirs_parts in pairs:
+            for n in mine:
+                mine[n].copy_(theirs_parts[n])
+        self.records, self.current_bits = records, current
+        self.fresh_records.clear()
+        self._prefix.clear()
+        self.slot.copy_(state["slot"])
+        self._written.clear()
+
+    def _checked(self, record: Mapping[str, Any], node: int) -> dict[str, Any]:
+        """A loaded record on this store's device, its sizes checked against the shapes."""
+        def fail(what: str) -> ValueError:
+            return ValueError(f"the checkpoint's record of node {node} is damaged: {what}")
+
+        bits = {n: b.to(self.device) for n, b in record["bits"].items()}
+        if set(bits) != set(self.masked_names):
+            raise fail(f"mask bits for {sorted(bits)}, expected {self.masked_names}")
+        for n, b in bits.items():
+            if b.dtype != torch.uint8 or b.numel() != math.ceil(self.numels[n] / 8):
+                raise fail(f"{n}'s mask bits have {b.numel()} {b.dtype} entries")
+        values = {n: v.to(self.device) for n, v in record["values"].items()}
+        if values and set(values) != set(self.names):
+            raise fail(f"values for {sorted(values)}, expected {self.names}")
+        for n, v in values.items():
+            full = v.numel() == self.numels[n]
+            if v.dtype != self.dtypes[n] or not (full or (n in self._masked and v.numel() < self.numels[n])):
+                raise fail(f"{n} has {v.numel()} {v.dtype} values for {self.numels[n]} entries of {self.dtypes[n]}")
+        out = dict(record)
+        out.update(bits=bits, values=values, neg={n: b.to(self.device) for n, b in record["neg"].items()})
+        if "active" in record:
+            out["active"] = int(record["active"])
+        return out
+
+    def _load_dense(self, state: Mapping[str, Any]) -> None:
+        """A dense store's checkpoint: each node's current slot compressed."""
+        for key in ("weights", "published_masks", "masks"):
+            if key not in state:
+                raise ValueError(f"the checkpoint's store has no {key!r}: neither a dense nor a compact store")
+        pairs = [(key, {n: self.shapes[n] for n in names}, state[key])
+                 for key, names in (("weights", self.names), ("published_masks", self.masked_names),
+                                    ("masks", self.masked_names))]
+        for key, shapes, theirs in pairs:
+            lead = 2 if key != "masks" else 1
+            if set(shapes) != set(theirs) or any(tuple(theirs[n].shape[lead:]) != shapes[n]
+                                                 or theirs[n].shape[lead - 1] != self.num_nodes for n in shapes):
+                raise ValueError(f"the checkpoint's {key} do not fit this store: it has "
+                                 f"{ {n: tuple(t.shape) for n, t in theirs.items()} }, the store "
+                                 f"{self.num_nodes} nodes of { {n: shapes[n] for n in shapes} }")
+        field_pairs = self._field_pairs(state)
+        self._check_pairs(field_pairs)
+        slot, active = state["slot"], state["active"]
+        records, current = [], []
+        for k in range(self.num_nodes):
+            s = int(slot[k])
+            weights = {n: self._stored(n, state["weights"][n][s, k]) for n in self.names}
+            masks = {n: self._bool(n, state["published_masks"][n][s, k]) for n in self.masked_names}
+            record = self._record(weights, masks, int(active[s, k]))
+            bits = {n: pack_bits(self._bool(n, state["masks"][n][k])) for n in self.masked_names}
+            records.append(record)
+            current.append({n: record["bits"][n] if torch.equal(record["bits"][n], b) else b for n, b in bits.items()})
+        for _, mine, theirs in field_pairs:
+            for n in mine:
+                mine[n].copy_(theirs[n])
+        self.records, self.current_bits = records, current
+        self.fresh_records.clear()
+        self._prefix.clear()
+        self.slot.copy_(slot)
+        self._written.clear()
+
+    def _tensors(self) -> Iterator[Tensor]:
+        for record in [*self.records, *self.fresh_records.values()]:
+            for part in ("values", "bits", "neg"):
+                yield from record[part].values()
+        for bits in self.current_bits:
+            yield from bits.values()
+
+    def nbytes(self) -> int:
+        """Memory held by the store's tensors (each shared storage once)."""
+        fields = [t for parts in self.fields.values() for t in parts.values()]
+        return _storages(self._tensors()) + sum(t.numel() * t.element_size() for t in fields)
+
+    def breakdown(self) -> dict[str, int]:
+        """:meth:`nbytes` by kind: active values, dense-kept tensors, published mask bits, zero signs,
+        current masks that differ from the published ones, fields."""
+        out = dict.fromkeys(("values", "dense", "mask_bits", "zero_signs", "current_mask_bits", "fields"), 0)
+        seen: set[tuple[str, int]] = set()
+
+        def add(kind: str, t: Tensor) -> None:
+            key = (str(t.device), t.untyped_storage().data_ptr())
+            if key not in seen:
+                seen.add(key)
+                out[kind] += t.untyped_storage().nbytes()
+
+        for record in [*self.records, *self.fresh_records.values()]:
+            for n, v in record["values"].items():
+                add("dense" if n not in self._masked or v.numel() == self.numels[n] else "values", v)
+            for b in record["bits"].values():
+                add("mask_bits", b)
+            for b in record["neg"].values():
+                add("zero_signs", b)
+        for bits in self.current_bits:
+            for b in bits.values():
+                add("current_mask_bits", b)
+        out["fields"] = sum(t.numel() * t.element_size() for parts in self.fields.values() for t in parts.values())
+        return out
+
+
+# -- checkpoints read without a store ---------------------------------------------------------------
+
+
+def _record_weights(state: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Tensor]:
+    shapes = {n: tuple(s) for n, s in state["shapes"].items()}
+    out = {}
+    for n in state["names"]:
+        values = record["values"][n]
+        numel = math.prod(shapes[n])
+        if values.numel() == numel:
+            out[n] = values.reshape(shapes[n])
+            continue
+        mask = unpack_bits(record["bits"][n].cpu(), numel).to(values.device)
+        dense = scatter_(torch.zeros(numel, dtype=values.dtype, device=values.device), mask, values)
+        neg = record["neg"].get(n)
+        if neg is not None:
+            signs = unpack_bits(neg.cpu(), numel - values.numel()).to(values.device)
+            scatter_(dense, ~mask, signed_zeros(signs, values.dtype))
+        out[n] = dense.reshape(shapes[n])
+    return out
+
+
+def checkpoint_weights(store_state: Mapping[str, Any], node: int) -> dict[str, Tensor]:
+    """Node ``node``'s published weights in a saved store (``state_dict()`` of either store), dense."""
+    if store_state.get("format") == FORMAT:
+        return _record_weights(store_state, store_state["records"][node])
+    slot = int(store_state["slot"][node])
+    return {n: t[slot, node] for n, t in store_state["weights"].items()}
+
+
+def dense_state_dict(state: Mapping[str, Any], store: ClientStore) -> dict[str, Any]:
+    """A compact store's ``state_dict`` expanded into the dense store's layout (for ``store``)."""
+    names, masked = list(state["names"]), list(state["masked_names"])
+    if names != store.names or masked != store.masked_names:
+        raise ValueError(f"the checkpoint's compact store holds {names} (masked {masked}); this store "
+                         f"{store.names} (masked {store.masked_names})")
+    slot = state["slot"]
+    weights = {n: torch.zeros_like(t) for n, t in store.weights.items()}
+    published = {n: torch.ones_like(t) for n, t in store.published_masks.items()}
+    masks = {n: torch.ones_like(t) for n, t in store.masks.items()}
+    active = torch.zeros_like(store.active)
+    shapes = {n: tuple(s) for n, s in state["shapes"].items()}
+    if len(state["records"]) != store.num_nodes or any(shapes[n] != tuple(weights[n].shape[2:]) for n in names):
+        raise ValueError(f"the checkpoint's compact store ({len(state['records'])} nodes of {shapes}) does "
+                         f"not fit this store ({store.num_nodes} nodes)")
+    for k, record in enumerate(state["records"]):
+        s = int(slot[k])
+        for n, t in _record_weights(state, record).items():
+            weights[n][s, k].copy_(t)
+        for n in masked:
+            numel = math.prod(shapes[n])
+            published[n][s, k].copy_(unpack_bits(record["bits"][n].cpu(), numel).view(shapes[n]))
+            masks[n][k].copy_(unpack_bits(state["current_bits"][k][n].cpu(), numel).view(shapes[n]))
+        active[s, k] = int(record["active"])
+    return {"weights": weights, "published_masks": published, "masks": masks, "slot": slot, "active": active,
+            "fields": state.get("fields", {})}

@@ -1,0 +1,175 @@
+"""Clients sharded across processes: each Fabric process trains some of a plan level's tasks.
+
+Every process holds the whole federation (plan, client store, algorithm and callbacks) and
+plans every round identically. :class:`ShardedExecutor` walks the plan's levels like the serial
+executor; in each level task ``i`` (in level order) runs on process ``i mod world_size``. After
+the level:
+
+* the store: each task's owner broadcasts what the task wrote (:meth:`ClientStore.task_views`:
+  the published model, masks and fields, the next mask, its private fields), so every process
+  holds every published model before the next level reads it;
+* Python state changed inside tasks (a callback's per-round votes, PQI's events, RigL's update
+  count, an algorithm's per-task notes) travels as *task deltas*: an object that changes state in
+  its task hooks implements the sharding protocol ::
+
+      shard_snapshot() -> S        # a marker of its current state
+      shard_delta(S) -> D          # what it gained since S (picklable)
+      shard_rollback(S) -> None    # undo those gains
+      shard_apply(D) -> None       # add a gain (possibly another process's)
+
+  Each process rolls its own gains back and applies every task's delta in level order, so every
+  process ends the level in the state a single process reaches (and checkpoints agree);
+* accounting (client records, bytes) is gathered once per exchange and replayed in process order.
+
+No gradient is all-reduced (each process trains other clients). On a CPU the results are
+bit-identical to one process (tested with 2 gloo processes). An algorithm class opts in with its own
+``shardable = True`` (not inherited); a callback with task hooks must implement the protocol.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback
+from torch import Tensor
+
+from lightning_dfl.federation.accounting import RoundAccounting
+from lightning_dfl.federation.executor import SerialExecutor
+from lightning_dfl.federation.plan import RoundPlan
+
+if TYPE_CHECKING:
+    from lightning_dfl.federation.trainer import FederatedTrainer
+
+__all__ = ["SHARD_PROTOCOL", "ShardedExecutor", "check_shardable"]
+
+#: the methods of the sharding protocol (see the module docstring)
+SHARD_PROTOCOL = ("shard_snapshot", "shard_delta", "shard_rollback", "shard_apply")
+#: callback hooks that run inside a client's task
+TASK_HOOKS = ("on_client_before_aggregation", "on_client_train_end", "on_client_end", "on_train_batch_start",
+              "on_train_batch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step")
+
+
+def _speaks_protocol(obj: Any) -> bool:
+    return all(callable(getattr(obj, name, None)) for name in SHARD_PROTOCOL)
+
+
+def _task_hooks(callback: Any) -> list[str]:
+    """The task hooks ``callback``'s class defines itself (not the no-op defaults)."""
+    from lightning_dfl.callbacks.base import FederatedCallback
+
+    defined = []
+    for hook in TASK_HOOKS:
+        mine = getattr(type(callback), hook, None)
+        if mine is not None and mine not in (getattr(FederatedCallback, hook, None), getattr(Callback, hook, None)):
+            defined.append(hook)
+    return defined
+
+
+def _opted_in(cls: type) -> bool:
+    """Whether ``cls`` itself says ``shardable = True`` (a subclass adds task state of its own, so it
+    opts in itself rather than inheriting it)."""
+    return bool(vars(cls).get("shardable", False))
+
+
+def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:
+    """Raise ``ValueError`` unless the algorithm and every callback can run sharded."""
+    if not _opted_in(type(algorithm)):
+        from lightning_dfl.federation.algorithms import ALGORITHMS
+
+        able = sorted(name for name in ALGORITHMS.names() if _opted_in(ALGORITHMS.get(name)))
+        raise ValueError(f"{type(algorithm).__name__} cannot shard its clients across processes yet; use devices=1, "
+                         f"or one of: {', '.join(able)}")
+    for callback in callbacks:
+        hooks = _task_hooks(callback)
+        if hooks and not _speaks_protocol(callback):
+            raise ValueError(f"callback {type(callback).__name__} changes state in task hooks ({', '.join(hooks)}) "
+                             f"but does not implement the sharding protocol ({', '.join(SHARD_PROTOCOL)}; see "
+                             "lightning_dfl.federation.sharding); use devices=1")
+
+
+class _LoggedAccounting(RoundAccounting):
+    """A process's share of a round's accounting, with its transfers kept to replay elsewhere."""
+
+    def __init__(self, round_idx: int) -> None:
+        super().__init__(round_idx)
+        self.log: list[tuple[int, int, int, int]] = []
+
+    def transfer(self, sender: int, receiver: int, value_bytes: int, index_bytes: int = 0) -> None:
+        super().transfer(sender, receiver, value_bytes, index_bytes)
+        self.log.append((sender, receiver, value_bytes, index_bytes))
+
+
+class ShardedExecutor(SerialExecutor):
+    """Runs a plan level by level with each level's tasks spread over the Fabric processes."""
+
+    def __init__(self, trainer: FederatedTrainer) -> None:
+        super().__init__(trainer)
+        fabric = trainer.fabric
+        self.rank, self.world_size = fabric.global_rank, fabric.world_size
+        # a gloo group carries the CPU store and the pickled deltas whatever the accelerator's backend
+        self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+    def _stateful(self) -> list[Any]:
+        t = self.trainer
+        return [obj for obj in (t.algorithm, *t.callbacks) if _speaks_protocol(obj)]
+
+    def owner(self, position: int) -> int:
+        """The process that runs the level's ``position``-th task."""
+        return position % self.world_size
+
+    def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
+            exchange: int = 0) -> RoundAccounting:
+        accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
+        mine = _LoggedAccounting(plan.round_idx)
+        stateful = self._stateful()
+        for level in plan.levels():
+            before = [obj.shard_snapshot() for obj in stateful]
+            deltas: dict[int, list[Any]] = {}
+            for position, task in enumerate(level):
+                if self.owner(position) != self.rank:
+                    continue
+                marks = [obj.shard_snapshot() for obj in stateful]
+                self.run_task(task, mine, evaluate, exchange)
+                deltas[position] = [obj.shard_delta(m) for obj, m in zip(stateful, marks)]
+            for obj, mark in zip(stateful, before):
+                obj.shard_rollback(mark)
+            self._sync_store([task.node for task in level])
+            gathered: list[dict[int, list[Any]]] = [{} for _ in range(self.world_size)]
+            dist.all_gather_object(gathered, deltas, group=self.group)
+            for position in range(len(level)):
+                for obj, delta in zip(stateful, gathered[self.owner(position)][position]):
+                    obj.shard_apply(delta)
+        self.trainer.current_client = None
+        shares: list[Any] = [None] * self.world_size
+        dist.all_gather_object(shares, (mine.records, mine.log), group=self.group)
+        diag = getattr(self.trainer, "diag", None)
+        for rank, (records, log) in enumerate(shares):
+            accounting.records.extend(records)
+            for transfer in log:
+                accounting.transfer(*transfer)
+                if diag is not None and rank != self.rank:  # the owner recorded its own in its task
+                    diag.transfer(*transfer)
+        return accounting
+
+    @torch.no_grad()
+    def _sync_store(self, nodes: list[int]) -> None:
+        """Every task's owner broadcasts what the task wrote to the store, packed by dtype."""
+        store = self.trainer.store
+        for position, node in enumerate(nodes):
+            owner = self.owner(position)
+            views = store.task_views(node)
+            by_dtype: dict[torch.dtype, list[Tensor]] = {}
+            for view in views:
+                by_dtype.setdefault(view.dtype, []).append(view.view(torch.uint8) if view.dtype == torch.bool else view)
+            for parts in by_dtype.values():
+                flat = torch.cat([p.reshape(-1) for p in parts])
+                dist.broadcast(flat, src=owner, group=None if flat.is_cuda else self.group)
+                if owner != self.rank:
+                    offset = 0
+                    for p in parts:
+                        p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                        offset += p.numel()
+            if owner != self.rank:
+                store.mark_published(node)

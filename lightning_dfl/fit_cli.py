@@ -1,0 +1,108 @@
+"""``lightning-dfl fit``: LightningCLI with the federated trainer, imported only when ``fit`` runs.
+
+Kept apart from :mod:`lightning_dfl.cli` so that ``lightning-dfl --help``, ``--version`` and the analysis
+subcommands start without importing torch and Lightning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from lightning_dfl.cli import PROG, HelpFormatter
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.checkpoint_io import check_file
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+
+
+class FederatedArgumentParser(LightningArgumentParser):
+    """LightningArgumentParser whose help (also a subclass's ``--*.help``) is plain text with allowed values."""
+
+    def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("prog", PROG)
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
+# -- the fit command --------------------------------------------------------------------
+class FederatedCLI(LightningCLI):
+    """LightningCLI whose trainer is :class:`FederatedTrainer` (not a ``Trainer`` subclass).
+
+    ``model`` configures the worker module (architecture, mask density, optimizer), ``data`` the
+    federated datamodule and ``trainer`` the federation (algorithm, rounds, Fabric settings,
+    callbacks, logger). The resolved config is saved next to the run's metrics.
+    """
+
+    def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
+        given = sys.argv[1:] if args is None else args
+        #: the command that started the run (the trainer's resume hint after Ctrl-C repeats it)
+        self.command_line = [PROG, *given] if isinstance(given, (list, tuple)) else None
+        kwargs["parser_kwargs"] = {**({"parser_mode": "omegaconf"} if _has_omegaconf() else {}),
+                                   **(kwargs.get("parser_kwargs") or {})}
+        kwargs.setdefault("parser_class", FederatedArgumentParser)
+        super().__init__(
+            model_class=SparseClassifier,
+            datamodule_class=FederatedDataModule,
+            trainer_class=FederatedTrainer,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            seed_everything_default=False,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {"fit": {"model", "datamodule"}}
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(self.trainer_class, "trainer", fail_untyped=False, instantiate=False,
+                                   sub_configs=True)
+        parser.add_lightning_class_args(self._model_class, "model")
+        parser.add_lightning_class_args(self._datamodule_class, "data")
+
+    def _parse_ckpt_path(self) -> None:
+        """Nothing: LightningCLI would ``torch.load`` the file for a LightningModule's hyperparameters, which a
+        federation checkpoint does not hold; :meth:`FederatedTrainer.fit` reads and checks it."""
+
+    def instantiate_trainer(self, **kwargs: Any) -> FederatedTrainer:
+        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        try:
+            trainer = self.trainer_class(**config)
+        except Exception as err:
+            err._lightning_dfl_option = "trainer"  # type: ignore[attr-defined]
+            raise
+        if hasattr(trainer, "command_line"):
+            trainer.command_line = self.command_line
+        return trainer
+
+    def before_fit(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("ckpt_path"):
+            check_file(config["ckpt_path"])  # before the run folder and its config.yaml are written
+        log_dir = self.trainer.log_dir
+        if log_dir and self.trainer.is_global_zero:
+            getattr(self.trainer.logger, "experiment", None)  # let the logger create its folder first
+            parser = self._parser(self.subcommand)
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            parser.save(config, str(Path(log_dir) / "config.yaml"), skip_none=False, overwrite=True,
+                        multifile=False)
+
+    def after_fit(self) -> None:
+        summary = self.trainer.summary
+        if summary is not None and summary.log_dir:
+            summary.save(summary.log_dir)
+
+
+def _has_omegaconf() -> bool:
+    try:
+        import omegaconf  # noqa: F401
+    except ImportError:
+        return False
+    return True

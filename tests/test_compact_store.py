@@ -1,0 +1,390 @@
+"""The compact client store (``store="compact"``): the dense store's API and results, bit for bit, in less memory."""
+
+import importlib.util
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.algorithms import DADPFL
+from lightning_dfl.federation.checkpoint_io import read_state
+from lightning_dfl.federation.compact_state import (
+    STORE_KINDS,
+    CompactClientStore,
+    _pack_torch,
+    _unpack_torch,
+    check_store_kind,
+    checkpoint_weights,
+    pack_bits,
+    unpack_bits,
+)
+from lightning_dfl.federation.diagnostics import consensus_distances, jaccard_matrix, packed_masks
+from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+
+warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+
+_spec = importlib.util.spec_from_file_location("golden_record", Path(__file__).parent / "golden" / "record.py")
+golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(golden)
+
+
+def bits_of(t):
+    """A tensor's raw bytes (``-0.0`` differs from ``0.0``, NaN payloads count)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_bitwise(a, b, what=""):
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    assert torch.equal(bits_of(a), bits_of(b)), what
+
+
+FIELDS = [StateField("x/scalar", fill=float("nan")), StateField("x/pub", shape=(3,), published=True),
+          StateField("x/momentum", like="weights"), StateField("x/hist", like="mask", dtype=torch.float16),
+          StateField("x/pubw", like="weights", published=True)]
+
+
+def _template():
+    return {"conv.weight": torch.zeros(4, 3, 3, 3), "conv.bias": torch.zeros(4), "fc.weight": torch.zeros(10, 36),
+            "fc.bias": torch.zeros(10), "bn.running_var": torch.zeros(4, dtype=torch.float64)}
+
+
+MASKED = ["conv.weight", "fc.weight"]
+
+
+def _pair(nodes=5, fields=FIELDS):
+    template = _template()
+    return (ClientStore(template, MASKED, nodes, fields=fields),
+            CompactClientStore(template, MASKED, nodes, fields=fields))
+
+
+def _model(gen, density=0.5, negative_zeros=True, leak=False):
+    weights = {n: torch.randn(t.shape, generator=gen).to(t.dtype) for n, t in _template().items()}
+    masks = {n: torch.rand(weights[n].shape, generator=gen) < density for n in MASKED}
+    for n, m in masks.items():
+        if negative_zeros:
+            weights[n].mul_(m)  # as the module's apply_: -0.0 where a negative weight is pruned
+        else:
+            weights[n].masked_fill_(~m, 0.0)
+    if leak:  # a value outside the mask (a server's average, a mask changed without zeroing)
+        weights["fc.weight"].view(-1)[(~masks["fc.weight"]).view(-1).nonzero()[0]] = 0.25
+    return weights, masks
+
+
+def assert_same(dense, compact, fresh_nodes=()):
+    assert compact.names == dense.names and compact.masked_names == dense.masked_names
+    assert compact.masked_size() == dense.masked_size()
+    for node in range(dense.num_nodes):
+        for fresh in (False, True) if node in fresh_nodes else (False,):
+            (wd, md), (wc, mc) = dense.published(node, fresh), compact.published(node, fresh)
+            assert list(wc) == list(wd) and list(mc) == list(md)
+            for n in wd:
+                assert_bitwise(wd[n], wc[n], (node, fresh, n))
+            for n in md:
+                assert_bitwise(md[n], mc[n], (node, fresh, n))
+            assert compact.active_values(node, fresh) == dense.active_values(node, fresh)
+        for n, m in dense.mask(node).items():
+            assert_bitwise(m, compact.mask(node)[n], (node, "mask", n))
+        for name in dense.fields:
+            d, c = dense.read(node, name), compact.read(node, name)
+            for part in (d if isinstance(d, dict) else {"": d}):
+                assert_bitwise(d[part] if isinstance(d, dict) else d, c[part] if isinstance(c, dict) else c)
+
+
+def test_bits_round_trip_and_pack_like_numpy():
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 7, 8, 9, 64, 1001):
+        b = torch.rand(n, generator=gen) < 0.3
+        packed = pack_bits(b)
+        assert packed.dtype == torch.uint8 and packed.numel() == (n + 7) // 8
+        assert torch.equal(unpack_bits(packed, n), b)
+        expected = sum(int(b[i]) << (i % 8) for i in range(min(n, 8)))
+        assert int(packed[0]) == expected  # little-endian within a byte
+        assert torch.equal(_pack_torch(b), packed)  # the path of a store on a GPU
+        assert torch.equal(_unpack_torch(packed, n), b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_other_dtypes_keep_their_bits(dtype):
+    template = {"w": torch.zeros(7, 9, dtype=dtype), "b": torch.zeros(7, dtype=dtype)}
+    dense, compact = (cls(template, ["w"], 2) for cls in (ClientStore, CompactClientStore))
+    gen = torch.Generator().manual_seed(6)
+    for node in range(2):
+        weights = {n: torch.randn(t.shape, generator=gen).to(dtype) for n, t in template.items()}
+        mask = {"w": torch.rand(7, 9, generator=gen) < 0.4}
+        for store in (dense, compact):
+            store.initialize(node, weights, mask)
+    assert_same(dense, compact)
+    assert any(compact.records[k]["neg"] for k in range(2))  # the pruned negative weights' -0.0 are kept
+
+
+def test_store_kind_is_validated_with_the_allowed_values():
+    assert STORE_KINDS == ("dense", "compact") and check_store_kind("compact") == "compact"
+    with pytest.raises(ValueError, match="store must be one of 'dense', 'compact', got 'sparse'"):
+        FederatedTrainer(store="sparse", accelerator="cpu", logger=False, enable_progress_bar=False)
+
+
+def test_every_read_matches_the_dense_store_bit_for_bit_over_rounds():
+    dense, compact = _pair()
+    gen = torch.Generator().manual_seed(1)
+    for node in range(5):
+        weights, masks = _model(gen)
+        for store in (dense, compact):
+            store.initialize(node, weights, masks if node else None)
+    assert_same(dense, compact)
+    for round_idx in range(3):
+        writers = [k for k in range(5) if (k + round_idx) % 2 == 0]
+        for k in writers:
+            weights, masks = _model(gen, density=0.5 - 0.1 * round_idx, negative_zeros=k % 2 == 0, leak=k == 2)
+            fields = {"x/pub": torch.full((3,), float(k + round_idx)), "x/pubw": weights} if k != 4 else None
+            nxt = {n: torch.rand(m.shape, generator=gen) < 0.4 for n, m in masks.items()}
+            momentum = {n: torch.randn(t.shape, generator=gen).to(t.dtype) for n, t in weights.items()}
+            for store in (dense, compact):
+                store.publish(k, weights, masks if k != 3 else None, fields)
+                if k != 1:  # node 1 keeps training with the mask it published
+                    store.set_mask(k, nxt)
+                store.write(k, "x/scalar", float(round_idx))
+                store.read(k, "x/momentum")["fc.weight"].mul_(0.0).add_(momentum["fc.weight"])  # written in place
+                store.write(k, "x/hist", {n: m.half() for n, m in nxt.items()})
+        assert_same(dense, compact, fresh_nodes=writers)
+        sources = [(k, False) for k in range(5)] + [(k, True) for k in writers]
+        (wd, md), (wc, mc) = dense.gather(sources), compact.gather(sources)
+        for n in wd:
+            for a, b in zip(wd[n], wc[n]):
+                assert_bitwise(a, b)
+        for n in md:
+            for a, b in zip(md[n], mc[n]):
+                assert_bitwise(a, b)
+        for store in (dense, compact):
+            store.end_round()
+        assert_same(dense, compact)
+        state_d, state_c = dense.state(2), compact.state(2)
+        for part in ("weights", "published_mask", "mask"):
+            for n, t in getattr(state_d, part).items():
+                assert_bitwise(t, getattr(state_c, part)[n])
+
+
+def test_diagnostics_read_the_compact_store_like_the_dense_one():
+    dense, compact = _pair(7)
+    gen = torch.Generator().manual_seed(2)
+    for node in range(7):
+        weights, masks = _model(gen, leak=node == 3)
+        for store in (dense, compact):
+            store.initialize(node, weights, masks)
+    clients, pairs = list(range(7)), [(0, 1), (2, 5), (6, 3)]
+    names = ["conv.weight", "fc.weight", "fc.bias"]
+    assert consensus_distances(dense, clients, names, pairs) == consensus_distances(compact, clients, names, pairs)
+    assert torch.equal(jaccard_matrix(dense, clients), jaccard_matrix(compact, clients))
+    assert torch.equal(packed_masks(dense, clients), packed_masks(compact, clients))
+
+
+def test_errors_match_the_dense_store():
+    dense, compact = _pair(3)
+    gen = torch.Generator().manual_seed(3)
+    weights, masks = _model(gen)
+    for store in (dense, compact):
+        with pytest.raises(RuntimeError, match="read before it was published"):
+            store.published(0, fresh=True)
+        store.publish(0, weights, masks)
+        with pytest.raises(RuntimeError, match="published twice"):
+            store.publish(0, weights, masks)
+        with pytest.raises(RuntimeError, match="between rounds only"):
+            store.state_dict()
+        with pytest.raises(RuntimeError, match="write it with publish"):
+            store.write(0, "x/pub", torch.zeros(3))
+
+
+def _ran(dense_or_compact, gen_seed=4, nodes=4):
+    store = dense_or_compact
+    gen = torch.Generator().manual_seed(gen_seed)
+    for node in range(nodes):
+        store.initialize(node, *_model(gen))
+    for k in (0, 2):
+        weights, masks = _model(gen, leak=k == 2)
+        store.publish(k, weights, masks, {"x/pub": torch.ones(3) * k})
+        store.set_mask(k, {n: ~m for n, m in masks.items()})
+        store.write(k, "x/scalar", 7.0)
+    store.end_round()
+    return store
+
+
+def test_checkpoints_are_compact_and_either_store_loads_the_others(tmp_path):
+    dense, compact = (_ran(s) for s in _pair(4))
+    state = compact.state_dict()
+    assert state["format"] == "compact" and "weights" not in state
+    path = tmp_path / "store.pt"
+    torch.save(state, path)
+    loaded = torch.load(path, weights_only=True)
+    for target in _pair(4):  # a dense and a compact store, fresh
+        target.load_state_dict(loaded)
+        assert_same(dense, target)
+    compact_from_dense = _pair(4)[1]
+    compact_from_dense.load_state_dict(dense.state_dict())
+    assert_same(dense, compact_from_dense)
+    for node in range(4):
+        wd, _ = dense.published(node)
+        for n, t in checkpoint_weights(state, node).items():
+            assert_bitwise(wd[n], t)
+        for n, t in checkpoint_weights(dense.state_dict(), node).items():
+            assert_bitwise(wd[n], t)
+    other = CompactClientStore({"fc.weight": torch.zeros(10, 36)}, ["fc.weight"], 4, fields=FIELDS)
+    with pytest.raises(ValueError, match="does not fit this store"):
+        other.load_state_dict(state)
+
+
+def test_task_views_carry_a_task_between_processes():
+    """What sharding does: the owner's task_views are copied into another process's, which marks it published."""
+    (_, owner), (_, other) = _pair(4), _pair(4)
+    gen = torch.Generator().manual_seed(5)
+    for node in range(4):
+        weights, masks = _model(gen)
+        owner.initialize(node, weights, masks)
+        other.initialize(node, weights, masks)
+    weights, masks = _model(gen, leak=True)
+    owner.publish(1, weights, masks, {"x/pub": torch.arange(3.0)})
+    owner.set_mask(1, {n: ~m for n, m in masks.items()})
+    owner.write(1, "x/scalar", 3.0)
+    sent, received = owner.task_views(1), other.task_views(1)
+    assert [t.shape for t in sent] == [t.shape for t in received]
+    for source, target in zip(sent, received):
+        target.copy_(source)
+    other.mark_published(1)
+    assert_same(owner, other, fresh_nodes=[1])
+    for store in (owner, other):
+        store.end_round()
+    assert_same(owner, other)
+
+
+def _erk_store(kind, nodes, arch="cnn_cifar", density=0.5):
+    module = SparseClassifier(arch, num_classes=10, in_channels=3, image_size=32, density=density,
+                              distribution="erk", seed=0)
+    template = {n: t for n, t in module.model.state_dict().items() if t.is_floating_point()}
+    store = (CompactClientStore if kind == "compact" else ClientStore)(template, list(module.mask.masks), nodes)
+    for node in range(nodes):
+        store.initialize(node, template, module.initial_masks(torch.Generator().manual_seed(node)))
+    dense_fp32 = nodes * sum(t.numel() * 4 for t in template.values())
+    return store, module, template, dense_fp32
+
+
+def test_memory_at_density_half_and_falling_as_masks_shrink():
+    store, module, template, dense_fp32 = _erk_store("compact", 4)
+    assert store.nbytes() <= 0.55 * dense_fp32
+    full = _erk_store("dense", 4)[0].nbytes()
+    assert store.nbytes() < 0.2 * full
+    before = store.nbytes()
+    for node in range(4):  # pruned further (as DA-DPFL's PQI does): half the active weights dropped
+        weights, mask = store.published(node)
+        pruned = {n: m & (torch.rand(m.shape, generator=torch.Generator().manual_seed(node)) < 0.5)
+                  for n, m in mask.items()}
+        store.publish(node, {n: w * pruned[n] if n in pruned else w for n, w in weights.items()}, pruned)
+        store.set_mask(node, pruned)
+    store.end_round()
+    assert store.nbytes() < 0.65 * before
+    parts = store.breakdown()
+    assert sum(parts.values()) == store.nbytes() and parts["current_mask_bits"] == 0  # shared with the published
+
+
+# -- whole runs: DisPFL and DA-DPFL (voting and PQI firing) on digits, dense vs compact ----------------------
+
+
+def _run(name, store, root):
+    factory, rounds, density, options = golden.RUNS[name]
+    golden.RUNS[f"{name}-{store}"] = (factory, rounds, density, {**options, "store": store})
+    try:
+        return golden.run(f"{name}-{store}", root)
+    finally:
+        del golden.RUNS[f"{name}-{store}"]
+
+
+def _no_walls(metrics):
+    return [{k: v for k, v in m.items() if "wall" not in k} for m in metrics]
+
+
+@pytest.mark.parametrize("name", ["dispfl", "dadpfl"])
+def test_runs_are_bit_identical_to_the_dense_store(name, tmp_path):
+    dense, compact = _run(name, "dense", str(tmp_path)), _run(name, "compact", str(tmp_path))
+    assert len(compact["metrics"]) == len(dense["metrics"]) == golden.RUNS[name][1]
+    for round_idx, (d, c) in enumerate(zip(_no_walls(dense["metrics"]), _no_walls(compact["metrics"]))):
+        assert c == d, f"round {round_idx}: {sorted(set(d.items()) ^ set(c.items()))}"
+    assert compact["clients"] == dense["clients"]
+    assert compact["nodes"] == dense["nodes"]  # every node's published weights, published mask, mask: SHA-256
+    if name == "dadpfl":  # the voting and PQI callbacks fired
+        last = dense["metrics"][-1]
+        assert any(m.get("pqi/pruned_clients", 0) > 0 for m in dense["metrics"])
+        assert last["voting/share"] > 0 and last["density/mean"] < 0.5
+
+
+class Kill(FederatedCallback):
+    """Stops the process (as a crash would) when a given round starts."""
+
+    def __init__(self, at_round):
+        self.at_round = at_round
+
+    def on_federated_round_start(self, trainer, pl_module):
+        if trainer.current_round == self.at_round:
+            raise KeyboardInterrupt
+
+
+def _trainer(root, callbacks=None, **kwargs):
+    """tests/test_checkpoint.py's DA-DPFL run (voting and PQI firing)."""
+    return FederatedTrainer(algorithm=DADPFL(num_neighbors=2, max_wait=2, delta_pr=1000.0, target_sparsity=0.7),
+                            rounds=6, local_epochs=1, logger=False, accelerator="cpu", enable_progress_bar=False,
+                            default_root_dir=str(root), callbacks=callbacks, **kwargs)
+
+
+def _parts():
+    dm = FederatedDataModule(dataset="digits", num_clients=5, batch_size=32, test_samples_per_client=30,
+                             partition="dirichlet", alpha=0.3)
+    return SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05), dm
+
+
+def _comparable(history):
+    return [{k: v for k, v in m.items() if "wall" not in k} for m in history]
+
+
+def test_a_resumed_compact_run_is_bit_identical(tmp_path):
+    straight = _trainer(tmp_path / "a", store="compact")
+    straight.fit(*_parts())
+    dense = _trainer(tmp_path / "d")
+    dense.fit(*_parts())
+    killed = _trainer(tmp_path / "b", callbacks=[Kill(at_round=3)], checkpoint_every=1, store="compact")
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit(*_parts())
+    saved = read_state(killed.checkpoint_path)["store"]
+    assert saved["format"] == "compact"
+    resumed = _trainer(tmp_path / "b", store="compact")
+    resumed.fit(*_parts(), ckpt_path=str(killed.checkpoint_path))
+    assert _comparable(resumed.history) == _comparable(straight.history)
+    assert _comparable(straight.history) == _comparable(dense.history)
+    assert resumed.history[-1]["density/mean"] < 0.5
+    for node in range(dense.store.num_nodes):
+        for ref in (straight, dense):
+            (wr, mr), (w, m) = ref.store.published(node), resumed.store.published(node)
+            for n in wr:
+                assert_bitwise(wr[n], w[n], (node, n))
+            for n in mr:
+                assert_bitwise(mr[n], m[n], (node, n))
+            for n, t in ref.store.mask(node).items():
+                assert_bitwise(t, resumed.store.mask(node)[n])
+
+
+def test_two_processes_with_the_compact_store_reproduce_one(tmp_path):
+    """Sharding (2 gloo processes) carries compact records between processes: DA-DPFL with voting and PQI."""
+    spec = importlib.util.spec_from_file_location("sharding_tests", Path(__file__).parent / "test_sharding.py")
+    sharding = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sharding)
+    config, extra = sharding.RUNS["dadpfl"]
+    dense = sharding._fit(tmp_path / "dense", config, extra, devices=1)
+    one = sharding._fit(tmp_path / "one", config, [*extra, "--trainer.store", "compact"], devices=1)
+    two = sharding._fit(tmp_path / "two", config, [*extra, "--trainer.store", "compact"], devices=2)
+    assert sharding._rows(one / "metrics.csv") == sharding._rows(two / "metrics.csv")
+    assert sharding._rows(dense / "metrics.csv") == sharding._rows(one / "metrics.csv")
+    assert sharding._rows(one / "clients.csv") == sharding._rows(two / "clients.csv")
+    a, b = read_state(one / "checkpoints" / "last.ckpt"), read_state(two / "checkpoints" / "last.ckpt")
+    assert a["store"]["format"] == "compact"
+    for part in ("store", "algorithm", "callbacks", "clock"):
+        assert sharding._differences(a[part], b[part], part) == []

@@ -1,0 +1,130 @@
+"""Clients sharded across 2 CPU processes (gloo): bit-identical to one process, and what is refused."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.federation.algorithms import DPSGDFT, DisPFL, FedFomo
+from lightning_dfl.federation.checkpoint_io import read_state
+from lightning_dfl.federation.sharding import check_shardable
+from lightning_dfl.federation.trainer import FederatedTrainer
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+COMMON = ["--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--data.test_samples_per_client",
+          "40", "--data.batch_size", "32", "--data.num_clients", "6", "--trainer.local_epochs", "1"]
+RUNS = {
+    "dispfl": ("dispfl_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.num_neighbors", "2"]),
+    # voting decides t* in round 1 and PQI prunes in round 2 (the golden record's DA-DPFL settings)
+    "dadpfl": ("dadpfl_digits.yaml", ["--trainer.rounds", "4", "--trainer.algorithm.init_args.num_neighbors", "2",
+                                      "--trainer.algorithm.init_args.max_wait", "2",
+                                      "--trainer.algorithm.init_args.delta_pr", "1000.0",
+                                      "--trainer.algorithm.init_args.target_sparsity", "0.7",
+                                      "--trainer.client_speeds", "[1.0,2.0,0.5,1.0,1.5,1.0]"]),
+    "prisam": ("prisam_digits.yaml", ["--trainer.rounds", "3", "--trainer.local_steps", "2", "--data.num_groups", "3",
+                                      "--trainer.algorithm.init_args.num_groups", "3",
+                                      "--trainer.algorithm.init_args.warmup_rounds", "1"]),
+}
+
+
+def _fit(root: Path, config: str, extra: list[str], devices: int) -> Path:
+    rounds = extra[extra.index("--trainer.rounds") + 1]
+    args = [sys.executable, "-m", "lightning_dfl", "fit", "--config", str(CONFIGS / config), *COMMON, *extra,
+            "--trainer.devices", str(devices), "--trainer.checkpoint_every", rounds,
+            "--trainer.default_root_dir", str(root)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = sorted(root.glob("*/version_*"))
+    assert len(runs) == 1, runs  # one run folder, written by process 0 only
+    return runs[0]
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    return [{k: v for k, v in row.items() if "wall" not in k} for row in csv.DictReader(path.open())]
+
+
+def _differences(a, b, path=""):
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        return [d for k in a for d in _differences(a[k], b[k], f"{path}/{k}")]
+    if isinstance(a, torch.Tensor):
+        return [] if torch.equal(a, b) else [path]
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: length {len(a)} vs {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+    if path.startswith("/history") and "wall" in path:
+        return []
+    return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_two_processes_reproduce_one_bit_for_bit(tmp_path, name):
+    config, extra = RUNS[name]
+    one = _fit(tmp_path / "one", config, extra, devices=1)
+    two = _fit(tmp_path / "two", config, extra, devices=2)
+    assert _rows(one / "metrics.csv") == _rows(two / "metrics.csv")
+    assert _rows(one / "clients.csv") == _rows(two / "clients.csv")
+    a, b = read_state(one / "checkpoints" / "last.ckpt"), read_state(two / "checkpoints" / "last.ckpt")
+    for part in ("store", "algorithm", "callbacks", "clock"):
+        assert _differences(a[part], b[part], part) == []
+    if (one / "diagnostics" / "bytes.csv").is_file():  # who sent what to whom, gathered from both processes
+        assert (one / "diagnostics" / "bytes.csv").read_text() == (two / "diagnostics" / "bytes.csv").read_text()
+    if name == "dadpfl":  # the run exercised what must travel between processes
+        rows = _rows(one / "metrics.csv")
+        assert any(float(r["pqi/pruned_clients"] or 0) > 0 for r in rows)
+        assert rows[-1]["voting/t_star"] != ""
+
+
+# -- what is refused ----------------------------------------------------------------------------------
+def test_an_algorithm_that_has_not_opted_in_is_refused_with_the_ones_that_have():
+    with pytest.raises(ValueError, match="FedFomo cannot shard its clients across processes yet; use devices=1, "
+                                         "or one of: dadpfl, dispfl, dpsgd, fedavg, local, prisam"):
+        check_shardable(FedFomo(), [])
+    with pytest.raises(ValueError, match="DPSGDFT cannot shard"):  # a subclass opts in itself
+        check_shardable(DPSGDFT(), [])
+
+
+def test_a_callback_with_task_state_but_no_protocol_is_refused():
+    class CountsClients(FederatedCallback):
+        def on_client_end(self, trainer, pl_module, client_id):
+            self.seen = client_id
+
+    class RoundOnly(FederatedCallback):
+        def on_federated_round_end(self, trainer, pl_module):
+            pass
+
+    check_shardable(DisPFL(), [RoundOnly(), PQIPruning(), PruningTimeVoting()])
+    with pytest.raises(ValueError, match="callback CountsClients changes state in task hooks \\(on_client_end\\)"):
+        check_shardable(DisPFL(), [CountsClients()])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"devices": 0}, "devices \\(processes per node\\) must be an integer >= 1, got 0"),
+    ({"devices": 2, "strategy": "fsdp"}, "strategy='fsdp' with 2 process\\(es\\).*allowed: 'auto', 'ddp'"),
+    ({"strategy": "ddp"}, "strategy='ddp' with 1 process\\(es\\).*allowed: 'auto', 'single_device'"),
+    ({"num_nodes": 0}, "num_nodes must be an integer >= 1, got 0"),
+])
+def test_bad_process_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FederatedTrainer(logger=False, **kwargs)
+
+
+def test_pqi_deltas_replay_in_task_order():
+    pqi = PQIPruning()
+    start = pqi.shard_snapshot()
+    pqi.history.append("event of task 1")
+    pqi._round_sparsity.append((1, 0.5))
+    pqi._round_events += 1
+    delta = pqi.shard_delta(start)
+    pqi.shard_rollback(start)
+    assert pqi.history == [] and pqi._round_sparsity == [] and pqi._round_events == 0
+    pqi.shard_apply((["event of task 0"], [(0, 0.4)], 1, 7))  # task 0 ran on the other process
+    pqi.shard_apply(delta)
+    assert pqi.history == ["event of task 0", "event of task 1"]
+    assert pqi._round_sparsity == [(0, 0.4), (1, 0.5)] and pqi._round_events == 2 and pqi._round_pruned == 7

@@ -1,0 +1,59 @@
+"""Start-up: ``lightning-dfl --help``, ``--version`` and an unknown subcommand's error import no torch or Lightning.
+
+Asserted on the modules imported (in a fresh interpreter), never on wall time.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "torchvision", "lightning", "lightning_fabric", "pytorch_lightning", "sklearn", "torchmetrics")
+
+PROBE = """
+import json, sys
+from lightning_dfl.cli import main
+try:
+    main({args!r})
+except SystemExit as err:
+    code = err.code
+else:
+    code = 0
+sys.stdout.flush()
+print("\\n" + json.dumps({{"code": code, "heavy": sorted(m for m in {heavy!r} if m in sys.modules)}}))
+"""
+
+
+def _probe(args):
+    done = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=HEAVY)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done
+
+
+@pytest.mark.parametrize("args, code", [(["--help"], 0), ([], 0), (["--version"], 0), (["fitt"], 2),
+                                        (["--data.dataset=digits"], 2)])
+def test_top_level_paths_import_no_torch_or_lightning(args, code):
+    result, done = _probe(args)
+    assert result["code"] == code
+    assert result["heavy"] == [], f"lightning-dfl {' '.join(args)} imported {result['heavy']}"
+    if args == ["fitt"]:
+        assert "did you mean 'fit'" in done.stderr
+
+
+def test_importing_the_package_and_cli_imports_no_torch():
+    code = ("import sys, lightning_dfl, lightning_dfl.cli, lightning_dfl.analysis; "
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_fit_classes_are_still_reachable_from_the_cli_module():
+    from lightning_dfl import cli
+    from lightning_dfl.fit_cli import FederatedArgumentParser, FederatedCLI
+
+    assert cli.FederatedCLI is FederatedCLI and cli.FederatedArgumentParser is FederatedArgumentParser
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    assert MisconfigurationException in cli.user_errors() and MisconfigurationException in cli.USER_ERRORS
