@@ -357,11 +357,9 @@ def render_markdown(data: dict[str, Any]) -> str:
 
 
 def _figure(width: float, height: float) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
+    from lightning_dfl.plots import agg_figure
+
+    return agg_figure(width, height)
 
 
 def _curve(rec: dict[str, Any]) -> tuple[list[float], list[float]]:

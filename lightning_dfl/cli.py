@@ -70,7 +70,8 @@ _CHOICES = {
     "clock_distribution": ("lightning_dfl.federation.clock", "DISTRIBUTIONS"),
     "update_interval": ("lightning_dfl.callbacks.rigl", "UPDATE_INTERVALS"),
 }
-_FIXED_CHOICES = {"store_device": ["cpu", "worker"], "logger": ["true", "false", "csv", "tensorboard"]}
+_FIXED_CHOICES = {"store_device": ["cpu", "worker"], "logger": ["true", "false", "csv", "tensorboard"],
+                  "store": ["dense", "compact"], "diagnostics": ["auto", "true", "false"], "between": ["dirichlet", "pathological"]}
 
 
 def _allowed(kind: str) -> list[str]:
@@ -98,6 +99,8 @@ def _option_kind(dest: str) -> str | None:
     if last == "arch":
         return "model"
     if dest in ("trainer.algorithm", "trainer.logger"):
+        return last
+    if dest in ("trainer.store", "trainer.diagnostics", "data.between"):
         return last
     return last if last in ("dataset", "partition", "topology", "regrowth", "store_device", "update_interval") else None
 

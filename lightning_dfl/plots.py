@@ -32,7 +32,7 @@ DPI = 100
 _MISSING = "plots need matplotlib: pip install -e '.[plots]'"
 
 
-def _agg_figure(width: float, height: float) -> Any:
+def agg_figure(width: float, height: float) -> Any:
     """A constrained-layout ``Figure`` on an Agg canvas, ``width x height`` inches at :data:`DPI`."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -115,7 +115,7 @@ def plot_schedule(rows: Sequence[SchedulingStats], path: str | os.PathLike,
     ms = sorted({r.num_neighbors for r in rows})
     by_key = {(r.num_neighbors, r.max_wait): r for r in rows}
 
-    fig = _agg_figure(11.0, 4.5)
+    fig = agg_figure(11.0, 4.5)
     ax_par, ax_delay = fig.subplots(1, 2)
     palette = _palette(sum(n is not None for n in lines))
     numbered = iter(palette)
@@ -175,7 +175,7 @@ def plot_cost_curves(curves: Mapping[str, CostCurve], path: str | os.PathLike, t
     if not curves:
         raise ValueError("plot_cost_curves needs at least one run's CostCurve")
     names = list(curves)
-    fig = _agg_figure(7.0, 4.5)
+    fig = agg_figure(7.0, 4.5)
     ax = fig.subplots()
     for name, colour in zip(names, _palette(len(names))):
         c = curves[name]
@@ -240,7 +240,7 @@ def plot_curves(runs: Mapping[str, Mapping[int, Mapping[str, float]]], metrics: 
             raise ValueError(f"no run logged {metric!r} (runs: {list(runs)})")
     cols = min(len(metrics), _COLUMNS)
     rows = math.ceil(len(metrics) / cols)
-    fig = _agg_figure(5.0 * cols, 4.0 * rows)
+    fig = agg_figure(5.0 * cols, 4.0 * rows)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
@@ -470,7 +470,7 @@ def plot_diagnostics(run_dir: str | os.PathLike, out_dir: str | os.PathLike | No
     out = Path(out_dir) if out_dir is not None else run / "diagnostics"
     written = []
 
-    fig = _agg_figure(15.0, 9.0)
+    fig = agg_figure(15.0, 9.0)
     axes = fig.subplots(2, 3).ravel()
     _draw_mixing(axes[0], axes[1], data["series"])
     _draw_masks(axes[2], data["series"])
@@ -480,19 +480,19 @@ def plot_diagnostics(run_dir: str | os.PathLike, out_dir: str | os.PathLike | No
     fig.suptitle(f"Diagnostics of {run.parent.name}/{run.name}")
     written.append(_save(fig, out / DIAGNOSTICS_FIGURES[0]))
 
-    fig = _agg_figure(10.0, 4.0)
+    fig = agg_figure(10.0, 4.0)
     _draw_mixing(*fig.subplots(1, 2), data["series"])
     written.append(_save(fig, out / DIAGNOSTICS_FIGURES[1]))
-    fig = _agg_figure(5.0, 4.0)
+    fig = agg_figure(5.0, 4.0)
     _draw_masks(fig.subplots(), data["series"])
     written.append(_save(fig, out / DIAGNOSTICS_FIGURES[2]))
-    fig = _agg_figure(6.0, 5.0)
+    fig = agg_figure(6.0, 5.0)
     _draw_jaccard(fig.subplots(), fig, data)
     written.append(_save(fig, out / DIAGNOSTICS_FIGURES[3]))
-    fig = _agg_figure(6.0, 5.0)
+    fig = agg_figure(6.0, 5.0)
     _draw_bytes(fig.subplots(), fig, data["bytes"])
     written.append(_save(fig, out / DIAGNOSTICS_FIGURES[4]))
-    fig = _agg_figure(5.0, 4.0)
+    fig = agg_figure(5.0, 4.0)
     _draw_accuracy(fig.subplots(), data["accuracy"])
     written.append(_save(fig, out / DIAGNOSTICS_FIGURES[5]))
     return written

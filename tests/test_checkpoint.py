@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import Kill
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
@@ -18,17 +19,6 @@ from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
-
-
-class Kill(FederatedCallback):
-    """Stops the process (as a crash would) when a given round starts."""
-
-    def __init__(self, at_round):
-        self.at_round = at_round
-
-    def on_federated_round_start(self, trainer, pl_module):
-        if trainer.current_round == self.at_round:
-            raise KeyboardInterrupt
 
 
 class Started(FederatedCallback):

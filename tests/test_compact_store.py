@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import Kill
 
-from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DADPFL
 from lightning_dfl.federation.checkpoint_io import read_state
@@ -316,17 +316,6 @@ def test_runs_are_bit_identical_to_the_dense_store(name, tmp_path):
         last = dense["metrics"][-1]
         assert any(m.get("pqi/pruned_clients", 0) > 0 for m in dense["metrics"])
         assert last["voting/share"] > 0 and last["density/mean"] < 0.5
-
-
-class Kill(FederatedCallback):
-    """Stops the process (as a crash would) when a given round starts."""
-
-    def __init__(self, at_round):
-        self.at_round = at_round
-
-    def on_federated_round_start(self, trainer, pl_module):
-        if trainer.current_round == self.at_round:
-            raise KeyboardInterrupt
 
 
 def _trainer(root, callbacks=None, **kwargs):

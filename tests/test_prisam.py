@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _helpers import Kill
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
@@ -246,11 +247,7 @@ def test_resume_is_bit_identical_with_frozen_groups(tmp_path, killed_at):
                                   churn=0.3), rounds=4, local_steps=2, checkpoint_every=1,
                            default_root_dir=str(root))
         if rounds < 4:
-            class Stop(FederatedCallback):
-                def on_federated_round_start(self, trainer, pl_module):
-                    if trainer.current_round == rounds:
-                        raise RuntimeError("killed")
-            trainer.callbacks.append(Stop())
+            trainer.callbacks.append(Kill(rounds, RuntimeError))
             with pytest.raises(RuntimeError, match="killed"):
                 trainer.fit(_model(), _dm())
             return trainer

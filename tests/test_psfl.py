@@ -5,6 +5,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _helpers import Kill
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
@@ -135,11 +136,7 @@ def test_psfl_checkpoint_resumes_bit_identical(tmp_path, killed_at):
                                    clock=Clock(distribution="uniform", noise=0.2), checkpoint_every=1,
                                    default_root_dir=str(root or tmp_path))
         if rounds < 4:
-            class Stop(FederatedCallback):
-                def on_federated_round_start(self, trainer, pl_module):
-                    if trainer.current_round == rounds:
-                        raise RuntimeError("killed")
-            trainer.callbacks.append(Stop())
+            trainer.callbacks.append(Kill(rounds, RuntimeError))
             with pytest.raises(RuntimeError, match="killed"):
                 trainer.fit(model, dm)
             return trainer

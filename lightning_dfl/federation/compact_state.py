@@ -226,13 +226,7 @@ class CompactClientStore(ClientStore):
 
     def __init__(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
                  device: torch.device | str = "cpu", fields: Iterable[StateField] = ()) -> None:
-        unknown = sorted(set(masked_names) - set(template))
-        if unknown:
-            raise ValueError(f"masked names not in the template: {unknown}")
-        self.num_nodes = num_nodes
-        self.device = torch.device(device)
-        self.names = list(template)
-        self.masked_names = list(masked_names)
+        self._init_layout(template, masked_names, num_nodes, device)
         self._masked = set(masked_names)
         self.shapes = {n: tuple(t.shape) for n, t in template.items()}
         self.dtypes = {n: t.dtype for n, t in template.items()}

@@ -89,13 +89,7 @@ class ClientStore:
 
     def __init__(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
                  device: torch.device | str = "cpu", fields: Iterable[StateField] = ()) -> None:
-        unknown = sorted(set(masked_names) - set(template))
-        if unknown:
-            raise ValueError(f"masked names not in the template: {unknown}")
-        self.num_nodes = num_nodes
-        self.device = torch.device(device)
-        self.names = list(template)
-        self.masked_names = list(masked_names)
+        self._init_layout(template, masked_names, num_nodes, device)
         self.weights = {n: torch.zeros((2, num_nodes, *t.shape), dtype=t.dtype, device=self.device)
                         for n, t in template.items()}
         self.published_masks = {n: torch.ones((2, num_nodes, *template[n].shape), dtype=torch.bool,
@@ -111,6 +105,17 @@ class ClientStore:
         self.fields: dict[str, dict[str, Tensor]] = {}
         for spec in fields:
             self.declare(spec, template)
+
+    def _init_layout(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
+                     device: torch.device | str) -> None:
+        """The names, nodes and device every store backend has (the masked names checked)."""
+        unknown = sorted(set(masked_names) - set(template))
+        if unknown:
+            raise ValueError(f"masked names not in the template: {unknown}")
+        self.num_nodes = num_nodes
+        self.device = torch.device(device)
+        self.names = list(template)
+        self.masked_names = list(masked_names)
 
     # -- declared fields ----------------------------------------------------------------
     def declare(self, spec: StateField, template: Mapping[str, Tensor]) -> None:
