@@ -158,10 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.store == "compact":
         return compact_main(args, module, template, masked, params, dense_fp32, expected, snaps)
     need = sum(expected.values())
-    avail = available_bytes()
-    if avail is not None and need + args.margin_gib * GIB > avail:
-        print(f"refusing: the store needs {need / GIB:.2f} GiB plus a {args.margin_gib} GiB margin, "
-              f"only {avail / GIB:.2f} GiB are available; lower --clients", file=sys.stderr)
+    if short_of_memory(need, "the store needs", args.margin_gib):
         return 2
     snaps.append(snapshot("model built"))
 
@@ -219,17 +216,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def short_of_memory(need: int, what: str, margin_gib: float) -> bool:
+    """Whether ``need`` bytes plus the margin exceed the available memory (then say so on stderr)."""
+    avail = available_bytes()
+    if avail is not None and need + margin_gib * GIB > avail:
+        print(f"refusing: {what} {need / GIB:.2f} GiB plus a {margin_gib} GiB margin, "
+              f"only {avail / GIB:.2f} GiB are available; lower --clients", file=sys.stderr)
+        return True
+    return False
+
+
 def compact_main(args: argparse.Namespace, module: SparseClassifier, template: dict[str, torch.Tensor],
                  masked: list[str], params: int, dense_fp32: int, expected_dense: dict[str, int],
                  snaps: list[dict[str, float | str | None]]) -> int:
     """``--store compact``: initialize, one DisPFL-like round, one pruning round; written to
     ``store_memory_compact_<arch>_<clients>.{json,md}``."""
     expected = expected_compact_bytes(template, masked, args.clients, args.density)
-    need = sum(expected.values())
-    avail = available_bytes()
-    if avail is not None and need + args.margin_gib * GIB > avail:
-        print(f"refusing: the round's peak needs about {need / GIB:.2f} GiB plus a {args.margin_gib} GiB margin, "
-              f"only {avail / GIB:.2f} GiB are available; lower --clients", file=sys.stderr)
+    if short_of_memory(sum(expected.values()), "the round's peak needs about", args.margin_gib):
         return 2
     snaps.append(snapshot("model built"))
     start = time.perf_counter()

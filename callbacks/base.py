@@ -52,3 +52,10 @@ class FederatedCallback(Callback):
 
     def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
         """Called once at the end of every round, after all client tasks."""
+
+
+def defined_hooks(callback: Any, hooks: tuple[str, ...]) -> list[str]:
+    """The ``hooks`` that ``callback``'s class defines itself (not Lightning's or :class:`FederatedCallback`'s
+    no-op defaults): what a sharded or batched executor must account for."""
+    defaults = (Callback, FederatedCallback)
+    return [h for h in hooks if getattr(type(callback), h, None) not in (None, *(getattr(d, h, None) for d in defaults))]

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import Callback
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from lightning_dfl.callbacks.base import defined_hooks
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import TaskContext
 from lightning_dfl.federation.executor import SerialExecutor
@@ -73,8 +73,7 @@ def check_batchable(trainer: FederatedTrainer) -> None:
     for callback in trainer.callbacks:
         if isinstance(callback, harmless):
             continue
-        hooks = [h for h in _BATCH_HOOKS
-                 if getattr(type(callback), h, None) not in (None, getattr(Callback, h, None))]
+        hooks = defined_hooks(callback, _BATCH_HOOKS)
         if hooks:
             raise ValueError(f"batched_clients: callback {type(callback).__name__} has batch hooks "
                              f"({', '.join(hooks)}), which a batched step cannot call per client")

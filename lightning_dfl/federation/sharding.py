@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch import Callback
 from torch import Tensor
 
+from lightning_dfl.callbacks.base import defined_hooks
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.plan import RoundPlan
@@ -55,18 +55,6 @@ def _speaks_protocol(obj: Any) -> bool:
     return all(callable(getattr(obj, name, None)) for name in SHARD_PROTOCOL)
 
 
-def _task_hooks(callback: Any) -> list[str]:
-    """The task hooks ``callback``'s class defines itself (not the no-op defaults)."""
-    from lightning_dfl.callbacks.base import FederatedCallback
-
-    defined = []
-    for hook in TASK_HOOKS:
-        mine = getattr(type(callback), hook, None)
-        if mine is not None and mine not in (getattr(FederatedCallback, hook, None), getattr(Callback, hook, None)):
-            defined.append(hook)
-    return defined
-
-
 def _opted_in(cls: type) -> bool:
     """Whether ``cls`` itself says ``shardable = True`` (a subclass adds task state of its own, so it
     opts in itself rather than inheriting it)."""
@@ -82,7 +70,7 @@ def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:
         raise ValueError(f"{type(algorithm).__name__} cannot shard its clients across processes yet; use devices=1, "
                          f"or one of: {', '.join(able)}")
     for callback in callbacks:
-        hooks = _task_hooks(callback)
+        hooks = defined_hooks(callback, TASK_HOOKS)
         if hooks and not _speaks_protocol(callback):
             raise ValueError(f"callback {type(callback).__name__} changes state in task hooks ({', '.join(hooks)}) "
                              f"but does not implement the sharding protocol ({', '.join(SHARD_PROTOCOL)}; see "

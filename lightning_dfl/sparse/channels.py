@@ -61,7 +61,8 @@ from lightning_dfl.sparse.flops import FlopsProfile, profile_flops
 
 __all__ = [
     "ChannelGroup", "ChannelMasks", "apply_channel_masks_", "channel_groups", "channel_scores", "expand",
-    "export", "inflate_state", "kept_count", "masked_macs", "masked_param_count", "state_channel_scores",
+    "export", "inflate_state", "kept_count", "mask_state_", "masked_macs", "masked_param_count",
+    "state_channel_scores",
 ]
 
 #: Tolerance of ``floor(rho * C)`` against binary floating point (0.29 * 100 = 28.999...).
@@ -434,16 +435,19 @@ def apply_channel_masks_(model: nn.Module, channel_masks: Mapping[str, Tensor]) 
     Dropped channels get running mean 0 and running variance 1 (BatchNorm's reset values;
     any finite values give the same output, see the module docstring). Returns ``model``.
     """
-    expanded = expand(model, channel_masks, include_buffers=True)
     state = dict(model.named_parameters())
     state.update(dict(model.named_buffers()))
-    for name, mask in expanded.items():
-        tensor = state[name]
-        if name.endswith(".running_var"):
-            tensor.masked_fill_(~mask, 1.0)
-        else:
-            tensor.masked_fill_(~mask, 0.0)
+    mask_state_(model, state, channel_masks)
     return model
+
+
+@torch.no_grad()
+def mask_state_(model: nn.Module, state: Mapping[str, Tensor], channel_masks: Mapping[str, Tensor]) -> None:
+    """:func:`apply_channel_masks_` on ``state`` (tensors by ``model``'s ``state_dict`` names, on any
+    device; e.g. an aggregated model before it is loaded): dropped entries 0, dropped BN variances 1."""
+    for name, mask in expand(model, channel_masks, include_buffers=True).items():
+        tensor = state[name]
+        tensor.masked_fill_(~mask.to(tensor.device), 1.0 if name.endswith(".running_var") else 0.0)
 
 
 # -- counts -------------------------------------------------------------------------------

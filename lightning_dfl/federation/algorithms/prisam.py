@@ -29,6 +29,7 @@ from lightning_dfl.sparse.channels import (
     apply_channel_masks_,
     channel_groups,
     expand,
+    mask_state_,
     masked_macs,
     state_channel_scores,
 )
@@ -331,15 +332,9 @@ class PRISAM(GossipAlgorithm):
         else:  # re-prune by the averaged |gamma| (L212, notes 2)
             scores = state_channel_scores(averaged, self._groups)
             channels = ChannelMasks.from_scores(self._groups, scores, self.rho(ctx.node))
-        self._zero_dropped(model, averaged, channels)
+        mask_state_(model, averaged, channels)
         self._use_channels(ctx, channels)
         return averaged
-
-    @torch.no_grad()
-    def _zero_dropped(self, model: torch.nn.Module, state: dict[str, Tensor], channels: ChannelMasks) -> None:
-        for name, mask in expand(model, channels, include_buffers=True).items():
-            fill = 1.0 if name.endswith(".running_var") else 0.0
-            state[name].masked_fill_(~mask.to(state[name].device), fill)
 
     def _use_channels(self, ctx: TaskContext, channels: ChannelMasks) -> None:
         """Train under ``channels``: the worker's weight masks and the masks of the other parameters
