@@ -10,12 +10,16 @@ It needs about 12 GiB for K = 100: run it once, alone. It refuses to start, befo
 when ``/proc/meminfo`` shows too little available memory.
 
 ``--store compact`` measures :class:`~lightning_dfl.federation.compact_state.CompactClientStore`
-(``FederatedTrainer(store="compact")``) instead, and then plays one round the way DisPFL writes the
-store: every node publishes the model it trained (its weights times its mask, so the pruned entries
-are signed zeros as the module leaves them) and sets a next mask that differs from the published one
-(RigL: 10% of each layer's active weights moved); the store is measured at the round's peak (every
-node holds two records) and after ``end_round``; then one round in which every node prunes half of
-its active weights (DA-DPFL's PQI), to show the memory falling.
+(``FederatedTrainer(store="compact")``) instead, and then plays rounds the way DisPFL's tasks use the
+store, in the serial executor's order: each task reads its sources (itself and its M in-neighbours of
+the topology), publishes the model it trained (its weights times its mask, so the pruned entries are
+signed zeros as the module leaves them) and sets a next mask that differs from the published one
+(RigL: 10% of each layer's active weights moved). The store is measured after every task (the
+round's peak) and after ``end_round``: a round that keeps every start-of-round record to its end,
+then rounds whose records are freed after their last reader (what the executor does for DisPFL,
+:class:`~lightning_dfl.federation.plan.StartReads`) on DisPFL's time-varying topology (M = 10) and on a
+ring (M = 2); then one round in which every node prunes half of its active weights (DA-DPFL's PQI), to
+show the memory falling.
 
     python benchmarks/store_memory.py                 # K = 100, resnet18, density 0.5 (~1 min)
     python benchmarks/store_memory.py --clients 10    # a quick check
@@ -35,8 +39,12 @@ from pathlib import Path
 
 import torch
 
+import numpy as np
+
 from lightning_dfl.federation.compact_state import CompactClientStore
+from lightning_dfl.federation.plan import RoundPlan, Source, StartReads, Task
 from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.topology import build_topology
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
 
@@ -109,23 +117,40 @@ def _rigl_like(mask: dict[str, torch.Tensor], fraction: float, generator: torch.
     return out
 
 
-def play_round(store: ClientStore, clients: int, seed: int, round_idx: int, prune: float = 0.0,
-               move: float = 0.1) -> dict[str, float]:
-    """One round as DisPFL writes the store (see the module docstring); ``prune``: the share of each node's
-    active weights it prunes (its new published mask); returns the nbytes at the peak and after it."""
-    densities = []
-    for node in range(clients):
+def dispfl_plan(clients: int, topology: str, neighbors: int, seed: int, round_idx: int) -> RoundPlan:
+    """DisPFL's plan of a round: every node aggregates itself and its in-neighbours' start-of-round models."""
+    rng = np.random.default_rng(derive_seed(seed, "plan", round_idx))
+    heard = build_topology(topology, neighbors).neighbors(clients, round_idx, rng)
+    return RoundPlan(round_idx, [Task(k, sources=(Source(k), *(Source(j) for j in heard[k])))
+                                 for k in range(clients)])
+
+
+def play_round(store: ClientStore, plan: RoundPlan, seed: int, prune: float = 0.0, move: float = 0.1,
+               release: bool = True) -> dict[str, float]:
+    """One round as DisPFL's tasks use the store (see the module docstring); ``prune``: the share of each
+    node's active weights it prunes (its new published mask); ``release``: free start-of-round records
+    after their last reader. Returns the nbytes at the peak (after any task) and after the round."""
+    densities, peak = [], store.nbytes()
+    reads = StartReads(plan, store.release_start) if release else None
+    for task in plan.order():
+        node = task.node
+        for source in task.sources:  # the messages: each source rebuilt dense, as the executor reads it
+            store.published(source.node, source.fresh)
+        if reads is not None:
+            reads.started(task)
         weights, mask = store.published(node)
         mask = store.mask(node)
-        generator = torch.Generator().manual_seed(derive_seed(seed, "round", round_idx, node))
+        generator = torch.Generator().manual_seed(derive_seed(seed, "round", plan.round_idx, node))
         if prune:
             mask = {n: m & (torch.rand(m.shape, generator=generator) >= prune) for n, m in mask.items()}
         trained = {n: (w + 0.01) * mask[n] if n in mask else w + 0.01 for n, w in weights.items()}
         store.publish(node, trained, mask)
         store.set_mask(node, _rigl_like(mask, move, generator))
+        peak = max(peak, store.nbytes())
+        if reads is not None:
+            reads.finished(task)
         densities.append(sum(int(m.sum()) for m in mask.values()) / sum(m.numel() for m in mask.values()))
         del weights, mask, trained
-    peak = store.nbytes()
     store.end_round()
     return {"peak_nbytes": peak, "after_nbytes": store.nbytes(), "mean_density": sum(densities) / len(densities)}
 
@@ -248,12 +273,17 @@ def compact_main(args: argparse.Namespace, module: SparseClassifier, template: d
     initialized = store.nbytes()
     breakdown = store.breakdown()
     snaps.append(snapshot(f"{args.clients} nodes initialized"))
+    m = min(10, args.clients - 1)
     start = time.perf_counter()
-    dispfl = play_round(store, args.clients, args.seed, 0)
+    kept = play_round(store, dispfl_plan(args.clients, "time_varying", m, args.seed, 0), args.seed, release=False)
     round_s = time.perf_counter() - start
-    snaps.append(snapshot("after a DisPFL round (peak: two records per node)"))
+    snaps.append(snapshot("after a DisPFL round keeping every start-of-round record (two per node at its end)"))
     after_breakdown = store.breakdown()
-    pruned = play_round(store, args.clients, args.seed, 1, prune=0.5)
+    dispfl = play_round(store, dispfl_plan(args.clients, "time_varying", m, args.seed, 1), args.seed)
+    snaps.append(snapshot(f"after a DisPFL round freeing read records (time-varying, M = {m})"))
+    ring = play_round(store, dispfl_plan(args.clients, "ring", 2, args.seed, 2), args.seed)
+    snaps.append(snapshot("after a ring round freeing read records (M = 2)"))
+    pruned = play_round(store, dispfl_plan(args.clients, "time_varying", m, args.seed, 3), args.seed, prune=0.5)
     snaps.append(snapshot("after a pruning round (half the active weights)"))
     start = time.perf_counter()
     for node in range(min(args.clients, 10)):
@@ -267,7 +297,8 @@ def compact_main(args: argparse.Namespace, module: SparseClassifier, template: d
         "dense_fp32_weights_bytes": dense_fp32, "dense_store_nbytes": dense_nbytes,
         "initialized_nbytes": initialized, "initialized_breakdown": breakdown,
         "initialized_ratio_to_dense_fp32": initialized / dense_fp32,
-        "dispfl_round": dispfl, "after_dispfl_round_breakdown": after_breakdown,
+        "neighbors": m, "round_keeping_records": kept, "dispfl_round": dispfl, "ring_round": ring,
+        "after_dispfl_round_breakdown": after_breakdown,
         "after_dispfl_round_ratio_to_dense_fp32": dispfl["after_nbytes"] / dense_fp32,
         "pruning_round": pruned, "after_pruning_ratio_to_dense_fp32": pruned["after_nbytes"] / dense_fp32,
         "snapshots": snaps,
@@ -292,15 +323,19 @@ def compact_main(args: argparse.Namespace, module: SparseClassifier, template: d
         f"{size(dense_fp32)}; the dense store (two slots and bool masks): {size(dense_nbytes)}.", "",
         "| point | `store.nbytes()` | x dense fp32 weights |", "|---|---|---|",
         f"| {args.clients} nodes initialized | {size(initialized)} | {initialized / dense_fp32:.3f} |",
-        f"| DisPFL round, peak (every node holds two records) | {size(dispfl['peak_nbytes'])} | "
-        f"{dispfl['peak_nbytes'] / dense_fp32:.3f} |",
-        f"| after it (next masks differ from the published ones) | {size(dispfl['after_nbytes'])} | "
+        f"| DisPFL round keeping every start-of-round record, peak | {size(kept['peak_nbytes'])} | "
+        f"{kept['peak_nbytes'] / dense_fp32:.3f} |",
+        f"| DisPFL round freeing records after their last reader (time-varying, M = {m}), peak | "
+        f"{size(dispfl['peak_nbytes'])} | {dispfl['peak_nbytes'] / dense_fp32:.3f} |",
+        f"| ring round (M = 2) freeing records, peak | {size(ring['peak_nbytes'])} | "
+        f"{ring['peak_nbytes'] / dense_fp32:.3f} |",
+        f"| after a round (next masks differ from the published ones) | {size(dispfl['after_nbytes'])} | "
         f"{dispfl['after_nbytes'] / dense_fp32:.3f} |",
         f"| after a pruning round (density {pruned['mean_density']:.3f}) | {size(pruned['after_nbytes'])} | "
         f"{pruned['after_nbytes'] / dense_fp32:.3f} |", "",
         "Initialized, by kind: " + ", ".join(f"{k} {v / GB:.3f} GB" for k, v in breakdown.items()) + ".",
         f"Peak RSS increase: **{result['peak_rss_increase_gib']:.2f} GiB**; initialization {init_s:.1f} s, "
-        f"the DisPFL round's store work {round_s:.1f} s, one `published()` rebuild {rebuild_ms:.1f} ms.", "",
+        f"a DisPFL round's store work {round_s:.1f} s, one `published()` rebuild {rebuild_ms:.1f} ms.", "",
         "| point | peak RSS (GiB) | RSS (GiB) |", "|---|---|---|",
     ]
     for snap in snaps:

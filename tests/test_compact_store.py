@@ -9,7 +9,8 @@ import torch
 from _helpers import Kill
 
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.algorithms import DADPFL
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.federation.algorithms import DADPFL, PRISAM, PSFL, DisPFL
 from lightning_dfl.federation.checkpoint_io import read_state
 from lightning_dfl.federation.compact_state import (
     STORE_KINDS,
@@ -21,6 +22,7 @@ from lightning_dfl.federation.compact_state import (
     pack_bits,
     unpack_bits,
 )
+from lightning_dfl.federation.plan import RoundPlan, Source, StartReads, Task
 from lightning_dfl.federation.diagnostics import consensus_distances, jaccard_matrix, packed_masks
 from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.federation.trainer import FederatedTrainer
@@ -288,6 +290,136 @@ def test_memory_at_density_half_and_falling_as_masks_shrink():
     assert sum(parts.values()) == store.nbytes() and parts["current_mask_bits"] == 0  # shared with the published
 
 
+# -- start-of-round records freed after their last reader ------------------------------------------------
+
+
+def _ring(k):
+    """Every node aggregates itself and its two ring neighbours' start-of-round models."""
+    return RoundPlan(0, [Task(n, sources=(Source(n), Source((n - 1) % k), Source((n + 1) % k))) for n in range(k)])
+
+
+def test_start_reads_release_a_model_after_its_last_reader():
+    plan, released, after = _ring(4), [], []
+    reads = StartReads(plan, released.append)
+    for task in plan.order():
+        reads.started(task)
+        reads.finished(task)
+        after.append(list(released))
+    # node 1 is read by tasks 0 and 2 and runs its own task 1: free after task 2; node 2 (read by 1 and 3)
+    # and node 0 (read by 3 and 1) when task 3 has read them; node 3 when its own task ends
+    assert after == [[], [], [1], [1, 2, 0, 3]]
+    chain = RoundPlan(0, [Task(0), Task(1, sources=(Source(0, fresh=True),)), Task(2, sources=(Source(1),))])
+    released.clear()
+    reads = StartReads(chain, released.append)
+    for task in chain.order():  # a fresh read does not hold node 0's start-of-round model; task 2 holds node 1's
+        reads.started(task)
+        reads.finished(task)
+        released.append("|")
+    assert released == [0, "|", "|", 1, 2, "|"]
+
+
+def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():
+    k = 8
+    dense = ClientStore(_template(), MASKED, k)
+    compact = CompactClientStore(_template(), MASKED, k)
+    gen = torch.Generator().manual_seed(0)
+    for node in range(k):
+        weights, masks = _model(gen)
+        for store in (dense, compact):
+            store.initialize(node, weights, masks)
+    one_record = compact.nbytes() / k
+    plan = _ring(k)
+    reads = StartReads(plan, compact.release_start)
+    peak, freed = 0, []
+    for task in plan.order():
+        sources = [(s.node, s.fresh) for s in task.sources]
+        wd, wc = dense.gather(sources)[0], compact.gather(sources)[0]
+        for n in wd:
+            for a, b in zip(wd[n], wc[n]):
+                assert_bitwise(a, b)
+        reads.started(task)
+        weights, masks = _model(gen)
+        for store in (dense, compact):
+            store.publish(task.node, weights, masks)
+        peak = max(peak, compact.nbytes())
+        reads.finished(task)
+        freed.append(sum(r is None for r in compact.records))
+    assert freed == [0, 0, 1, 2, 3, 4, 5, 8]  # node n - 1 freed once task n + 1 read it
+    assert peak < (k + 3.5) * one_record  # the dense store's semantics hold 2 k models at the end
+    with pytest.raises(RuntimeError, match="node 0's start-of-round model was read after it was freed"):
+        compact.published(0)
+    (wd, md), (wc, mc) = dense.published(0, fresh=True), compact.published(0, fresh=True)
+    for n in wd:
+        assert_bitwise(wd[n], wc[n])
+    for store in (dense, compact):
+        store.end_round()
+    assert_same(dense, compact)
+    assert compact.nbytes() < (k + 0.5) * one_record
+
+
+class FreedRecords(FederatedCallback):
+    """The most start-of-round records freed at once, and the store's largest size, at each task's end."""
+
+    def __init__(self):
+        self.most_freed, self.peak = 0, 0
+
+    def on_client_end(self, trainer, pl_module, client_id):
+        self.most_freed = max(self.most_freed, sum(r is None for r in trainer.store.records))
+        self.peak = max(self.peak, trainer.store.nbytes())
+
+
+def _digits(k=6):
+    return FederatedDataModule(dataset="digits", num_clients=k, batch_size=32, test_samples_per_client=20,
+                               partition="dirichlet", alpha=0.5, seed=1)
+
+
+def _fit(algorithm, store, model, callbacks=(), k=6, rounds=3):
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, local_steps=2, logger=False,
+                               accelerator="cpu", enable_progress_bar=False, seed=3, store=store,
+                               callbacks=list(callbacks))
+    trainer.fit(model, _digits(k))
+    return trainer
+
+
+def assert_same_runs(dense, compact):
+    assert _no_walls(compact.history) == _no_walls(dense.history)
+    for node in range(dense.store.num_nodes):
+        (wd, md), (wc, mc) = dense.store.published(node), compact.store.published(node)
+        for n in wd:
+            assert_bitwise(wd[n], wc[n], (node, n))
+        for n in md:
+            assert_bitwise(md[n], mc[n], (node, n))
+
+
+def test_a_ring_round_frees_most_start_models_before_it_ends():
+    seen = FreedRecords()
+
+    def model():
+        return SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05, seed=1)
+
+    compact = _fit(DisPFL(num_neighbors=2, topology="ring"), "compact", model(), [seen], k=8)
+    dense = _fit(DisPFL(num_neighbors=2, topology="ring"), "dense", model(), k=8)
+    assert_same_runs(dense, compact)
+    assert seen.most_freed >= 5
+    assert seen.peak < 1.5 * compact.store.nbytes()  # two records per node would be about 2 x
+
+
+@pytest.mark.parametrize("name", ["psfl", "prisam"])
+def test_chains_and_union_averages_are_bit_identical_to_the_dense_store(name):
+    def make():
+        if name == "psfl":  # two chains of two clients, then the server's uniform average
+            return (PSFL(clients_per_round=4, sequences=2, sampler="uniform"),
+                    SparseClassifier(arch="cnn_digits", density=1.0, lr=0.05, seed=1))
+        return (PRISAM(ratio=0.5, num_groups=2, warmup_rounds=1, num_neighbors=2),
+                SparseClassifier(arch="resnet20", density=1.0, lr=0.05, seed=1))
+
+    runs = {}
+    for store in ("dense", "compact"):
+        algorithm, model = make()
+        runs[store] = _fit(algorithm, store, model)
+    assert_same_runs(runs["dense"], runs["compact"])
+
+
 # -- whole runs: DisPFL and DA-DPFL (voting and PQI firing) on digits, dense vs compact ----------------------
 
 
@@ -304,7 +436,7 @@ def _no_walls(metrics):
     return [{k: v for k, v in m.items() if "wall" not in k} for m in metrics]
 
 
-@pytest.mark.parametrize("name", ["dispfl", "dadpfl"])
+@pytest.mark.parametrize("name", list(golden.RUNS))
 def test_runs_are_bit_identical_to_the_dense_store(name, tmp_path):
     dense, compact = _run(name, "dense", str(tmp_path)), _run(name, "compact", str(tmp_path))
     assert len(compact["metrics"]) == len(dense["metrics"]) == golden.RUNS[name][1]

@@ -97,12 +97,17 @@ class BatchedExecutor(SerialExecutor):
             exchange: int = 0) -> RoundAccounting:
         accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
         t = self.trainer
+        reads = self.start_reads(plan)
         for level in plan.levels():
             started = []
             for task in level:
                 begun = self.start_task(task, accounting, evaluate, exchange)
+                if reads is not None:
+                    reads.started(task)
                 if begun is not None:
                     started.append(self._capture(*begun))
+                elif reads is not None:  # a server's task: done
+                    reads.finished(task)
             losses, weights = self._train_together(started) if started else ([], [])
             for item, loss, trained in zip(started, losses, weights):
                 t.current_client = item.ctx.node
@@ -111,6 +116,8 @@ class BatchedExecutor(SerialExecutor):
                 t.train_dataloader = item.ctx.train_batches
                 item.record.loss = loss
                 self.finish_task(item.ctx, item.record, accounting, evaluate)
+                if reads is not None:
+                    reads.finished(item.ctx.task)
         t.current_client = None
         return accounting
 

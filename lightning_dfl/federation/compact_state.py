@@ -14,7 +14,11 @@ and two bool published masks plus a bool current mask: 100 CIFAR ResNet18 client
 * one record per node (its start-of-round model) plus the records published in this round, instead
   of two slots per node: the round's end replaces the start-of-round records of the nodes that wrote
   and frees the old ones. Between rounds the store holds one record per node; within a round a node
-  that published holds two (a neighbour may still read its start-of-round model).
+  that published holds two while a task still to run may read its start-of-round model. For an
+  algorithm whose tasks read only their plan's sources
+  (:attr:`~lightning_dfl.federation.algorithms.base.Algorithm.reads_only_sources`) the executor frees
+  the old record after its last reader (:meth:`~CompactClientStore.release_start`); reading it
+  afterwards raises.
 * the declared fields (:class:`~lightning_dfl.federation.state.StateField`) as the dense store does,
   two slots for published ones: :meth:`~CompactClientStore.read` returns views that callers write in
   place (the executor's kept optimizer state, ``trainer.client_state(k)``).
@@ -241,7 +245,8 @@ class CompactClientStore(ClientStore):
                  "bits": {n: pack_bits(torch.ones(self.numels[n], dtype=torch.bool, device=self.device))
                           for n in self.masked_names},
                  "neg": {}, "active": 0}
-        self.records: list[dict[str, Any]] = [blank] * num_nodes  # start of round (shared: immutable)
+        # start of round (shared: immutable; None once freed after its last reader in the round)
+        self.records: list[dict[str, Any] | None] = [blank] * num_nodes
         self.fresh_records: dict[int, dict[str, Any]] = {}  # published in this round
         self._incoming: dict[int, tuple[dict[str, Tensor], ...]] = {}  # task_views' buffers (sharding)
         self._prefix: dict[tuple[int, int], int] = {}  # columns(): active values before a column
@@ -313,7 +318,22 @@ class CompactClientStore(ClientStore):
 
     def _latest(self, node: int, fresh: bool) -> dict[str, Any]:
         self._slot(node, fresh)  # raises for a fresh read of a node that has not published
-        return self.fresh_records[node] if fresh else self.records[node]
+        return self.fresh_records[node] if fresh else self._start(node)
+
+    def _start(self, node: int) -> dict[str, Any]:
+        record = self.records[node]
+        if record is None:
+            raise RuntimeError(
+                f"node {node}'s start-of-round model was read after it was freed: the compact store frees it "
+                "once the node has published and every task of the round's plan that lists it as a source has "
+                "run (the algorithm's reads_only_sources is True). Read start-of-round models of other nodes "
+                "only as a task's sources, or set reads_only_sources = False on the algorithm")
+        return record
+
+    def release_start(self, node: int) -> None:
+        """Free ``node``'s start-of-round record if it has published this round (see the module docstring)."""
+        if node in self.fresh_records:
+            self.records[node] = None
 
     # -- slots --------------------------------------------------------------------------
     def end_round(self) -> None:
@@ -363,7 +383,7 @@ class CompactClientStore(ClientStore):
 
     def _share(self, node: int, bits: dict[str, Tensor]) -> dict[str, Tensor]:
         """``bits`` (a current mask), each part replaced by the node's latest published one when equal."""
-        latest = self.fresh_records.get(node, self.records[node])["bits"]
+        latest = (self.fresh_records[node] if node in self.fresh_records else self._start(node))["bits"]
         return {n: latest[n] if torch.equal(latest[n], b) else b for n, b in bits.items()}
 
     # -- processes sharing a federation (sharding) --------------------------------------
@@ -420,7 +440,7 @@ class CompactClientStore(ClientStore):
         in the other)."""
         slot, node = divmod(row, self.num_nodes)
         if slot == int(self.slot[node]):
-            record = self.records[node]
+            record = self._start(node)
         elif node in self.fresh_records:
             record = self.fresh_records[node]
         else:
@@ -575,6 +595,8 @@ class CompactClientStore(ClientStore):
 
     def _tensors(self) -> Iterator[Tensor]:
         for record in [*self.records, *self.fresh_records.values()]:
+            if record is None:  # freed after its last reader
+                continue
             for part in ("values", "bits", "neg"):
                 yield from record[part].values()
         for bits in self.current_bits:
@@ -598,6 +620,8 @@ class CompactClientStore(ClientStore):
                 out[kind] += t.untyped_storage().nbytes()
 
         for record in [*self.records, *self.fresh_records.values()]:
+            if record is None:
+                continue
             for n, v in record["values"].items():
                 add("dense" if n not in self._masked or v.numel() == self.numels[n] else "values", v)
             for b in record["bits"].values():

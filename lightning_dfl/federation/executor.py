@@ -17,7 +17,7 @@ from torch import Tensor
 
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import CountingBatches, TaskContext
-from lightning_dfl.federation.plan import RoundPlan, Task
+from lightning_dfl.federation.plan import RoundPlan, StartReads, Task
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.trainer import FederatedTrainer
@@ -37,11 +37,19 @@ class SerialExecutor:
             exchange: int = 0) -> RoundAccounting:
         """Run ``plan`` (exchange ``exchange`` of its round); add to ``accounting`` (records, bytes)."""
         accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
+        reads = self.start_reads(plan)
         for level in plan.levels():
             for task in level:
-                self.run_task(task, accounting, evaluate, exchange)
+                self.run_task(task, accounting, evaluate, exchange, reads)
         self.trainer.current_client = None
         return accounting
+
+    def start_reads(self, plan: RoundPlan) -> StartReads | None:
+        """The plan's pending reads of start-of-round models, reported to the store as they end
+        (``None`` unless the algorithm's :attr:`~Algorithm.reads_only_sources`)."""
+        if not vars(type(self.trainer.algorithm)).get("reads_only_sources", False):  # a subclass says it itself
+            return None
+        return StartReads(plan, self.trainer.store.release_start)
 
     def _context(self, task: Task, exchange: int) -> TaskContext:
         t = self.trainer
@@ -57,13 +65,19 @@ class SerialExecutor:
         for name, tensor in self.trainer.worker.items():
             tensor.copy_(weights[name])
 
-    def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0) -> None:
-        """One task: :meth:`start_task`, the algorithm's local training, :meth:`finish_task`."""
+    def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0,
+                 reads: StartReads | None = None) -> None:
+        """One task: :meth:`start_task`, the algorithm's local training, :meth:`finish_task`; ``reads``
+        hears when it has read its sources and when it has ended."""
         started = self.start_task(task, accounting, evaluate, exchange)
+        if reads is not None:
+            reads.started(task)
         if started is not None:
             ctx, record = started
             record.loss = self.trainer.algorithm.local_train(ctx)
             self.finish_task(ctx, record, accounting, evaluate)
+        if reads is not None:
+            reads.finished(task)
 
     def start_task(self, task: Task, accounting: RoundAccounting, evaluate: bool,
                    exchange: int = 0) -> tuple[TaskContext, ClientRecord] | None:

@@ -112,6 +112,7 @@ class ShardedExecutor(SerialExecutor):
         accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
         mine = _LoggedAccounting(plan.round_idx)
         stateful = self._stateful()
+        reads = self.start_reads(plan)
         for level in plan.levels():
             before = [obj.shard_snapshot() for obj in stateful]
             deltas: dict[int, list[Any]] = {}
@@ -124,6 +125,10 @@ class ShardedExecutor(SerialExecutor):
             for obj, mark in zip(stateful, before):
                 obj.shard_rollback(mark)
             self._sync_store([task.node for task in level])
+            if reads is not None:  # every process has the level's models now; none reads the old ones again
+                for task in level:
+                    reads.started(task)
+                    reads.finished(task)
             gathered: list[dict[int, list[Any]]] = [{} for _ in range(self.world_size)]
             dist.all_gather_object(gathered, deltas, group=self.group)
             for position in range(len(level)):

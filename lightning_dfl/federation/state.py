@@ -180,6 +180,12 @@ class ClientStore:
             raise RuntimeError(f"node {node}'s model of this round was read before it was published")
         return 1 - current
 
+    def release_start(self, node: int) -> None:
+        """Say that ``node``'s start-of-round model will not be read again in this round (the executor
+        calls it through :class:`~lightning_dfl.federation.plan.StartReads` for algorithms whose
+        :attr:`~lightning_dfl.federation.algorithms.base.Algorithm.reads_only_sources`). The dense store
+        keeps its two slots anyway; the compact store frees the record."""
+
     def end_round(self) -> None:
         """Make this round's published models the current ones."""
         for node in self._written:

@@ -70,6 +70,11 @@ class Algorithm:
     #: run inside a task changes the algorithm's own Python state, or when it implements the sharding
     #: protocol of :mod:`~lightning_dfl.federation.sharding`
     shardable = False
+    #: whether the only start-of-round models its tasks read (in any hook) are their plan's sources and
+    #: their own node's: the executor then tells the store when a model's last reader has run, and the
+    #: compact store frees it (a round then holds fewer than two models per node at its peak). A subclass
+    #: that reads more says so itself: only the class's own attribute counts
+    reads_only_sources = False
     #: exchanges (plans) per round: :meth:`plan_round` is called once per exchange with
     #: ``ctx.exchange``; each exchange's published models are what the next one reads (gossip steps)
     exchanges_per_round = 1

@@ -34,6 +34,7 @@ class DADPFL(GossipAlgorithm):
 
     name = "dadpfl"
     shardable = True  # no state changes inside tasks (its callbacks speak the sharding protocol)
+    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
     personal_masks = True
     sends_masks = True
 

@@ -38,6 +38,7 @@ class DisPFL(GossipAlgorithm):
 
     name = "dispfl"
     shardable = True  # no state changes inside tasks
+    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
     personal_masks = True
     sends_masks = True
 
@@ -70,6 +71,7 @@ class DPSGD(GossipAlgorithm):
 
     name = "dpsgd"
     shardable = True  # no state changes inside tasks
+    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
     headline = "consensus"
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", headline: str = "consensus") -> None:
@@ -91,6 +93,7 @@ class Local(Algorithm):
 
     name = "local"
     shardable = True  # no state changes inside tasks
+    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         return RoundPlan(ctx.round_idx, [Task(node=k) for k in ctx.active_clients])

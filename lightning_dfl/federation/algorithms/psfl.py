@@ -54,6 +54,7 @@ class PSFL(Algorithm):
     """
 
     name = "psfl"
+    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
     num_servers = 2
     headline = "global"
 
