@@ -37,9 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import numpy as np
+import torch
 
 from lightning_dfl.federation.compact_state import CompactClientStore
 from lightning_dfl.federation.plan import RoundPlan, Source, StartReads, Task

@@ -8,8 +8,8 @@ import pytest
 import torch
 from _helpers import Kill
 
-from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DADPFL, PRISAM, PSFL, DisPFL
 from lightning_dfl.federation.checkpoint_io import read_state
 from lightning_dfl.federation.compact_state import (
@@ -22,8 +22,8 @@ from lightning_dfl.federation.compact_state import (
     pack_bits,
     unpack_bits,
 )
-from lightning_dfl.federation.plan import RoundPlan, Source, StartReads, Task
 from lightning_dfl.federation.diagnostics import consensus_distances, jaccard_matrix, packed_masks
+from lightning_dfl.federation.plan import RoundPlan, Source, StartReads, Task
 from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
@@ -351,6 +351,8 @@ def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():
     (wd, md), (wc, mc) = dense.published(0, fresh=True), compact.published(0, fresh=True)
     for n in wd:
         assert_bitwise(wd[n], wc[n])
+    for n in md:
+        assert_bitwise(md[n], mc[n])
     for store in (dense, compact):
         store.end_round()
     assert_same(dense, compact)
