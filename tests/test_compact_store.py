@@ -121,7 +121,14 @@ def test_other_dtypes_keep_their_bits(dtype):
         for store in (dense, compact):
             store.initialize(node, weights, mask)
     assert_same(dense, compact)
-    assert any(compact.records[k]["neg"] for k in range(2))  # the pruned negative weights' -0.0 are kept
+    assert not any(compact.records[k]["neg"] for k in range(2))  # pruned weights are stored as +0.0
+    for node in range(2):
+        weights = {n: torch.randn(t.shape, generator=gen).to(dtype) for n, t in template.items()}
+        weights["w"].mul_(mask["w"])  # a bare product: -0.0 where a negative weight is masked
+        for store in (dense, compact):
+            store.publish(node, weights, mask)
+    assert_same(dense, compact, fresh_nodes=(0, 1))
+    assert all(compact.fresh_records[k]["neg"] for k in range(2))  # their -0.0 are kept
 
 
 def test_store_kind_is_validated_with_the_allowed_values():
@@ -324,7 +331,7 @@ def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():
     compact = CompactClientStore(_template(), MASKED, k)
     gen = torch.Generator().manual_seed(0)
     for node in range(k):
-        weights, masks = _model(gen)
+        weights, masks = _model(gen, negative_zeros=False)
         for store in (dense, compact):
             store.initialize(node, weights, masks)
     one_record = compact.nbytes() / k
@@ -338,7 +345,7 @@ def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():
             for a, b in zip(wd[n], wc[n]):
                 assert_bitwise(a, b)
         reads.started(task)
-        weights, masks = _model(gen)
+        weights, masks = _model(gen, negative_zeros=False)
         for store in (dense, compact):
             store.publish(task.node, weights, masks)
         peak = max(peak, compact.nbytes())
@@ -403,6 +410,7 @@ def test_a_ring_round_frees_most_start_models_before_it_ends():
     dense = _fit(DisPFL(num_neighbors=2, topology="ring"), "dense", model(), k=8)
     assert_same_runs(dense, compact)
     assert seen.most_freed >= 5
+    assert not any(r["neg"] for r in compact.store.records)  # the engine's pruned weights are +0.0: no sign bits
     assert seen.peak < 1.5 * compact.store.nbytes()  # two records per node would be about 2 x
 
 

@@ -6,7 +6,7 @@ from lightning.fabric import Fabric
 from torch import nn
 
 from lightning_dfl.federation.state import ClientStore, StateField
-from lightning_dfl.sparse.masks import ModelMask, density, maskable_parameters
+from lightning_dfl.sparse.masks import ModelMask, density, maskable_parameters, zero_inactive_
 
 
 def _net():
@@ -51,6 +51,18 @@ def test_momentum_and_weight_decay_cannot_revive_pruned_weights_under_fabric():
         assert (p[~masks[name]] == 0).all()
         assert not torch.equal(p[masks[name]], before[name][masks[name]])  # active weights did train
     assert mask.density() == pytest.approx(density(masks))
+
+
+def test_masked_weights_are_plain_zeros():
+    t = torch.tensor([-1.5, 2.0, -3.0, 4.0, float("nan")])
+    out = zero_inactive_(t, torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0]))
+    assert out is t
+    assert t[:4].tolist() == [-1.5, 0.0, 0.0, 4.0] and t[4].isnan()
+    assert not t[:4].signbit()[1:3].any()  # -3.0 masked is +0.0, not -0.0 (a bare product's)
+    model = nn.Linear(6, 4)
+    mask = ModelMask(model, {"weight": torch.rand(4, 6, generator=torch.Generator().manual_seed(0)) < 0.5}).attach()
+    pruned = model.weight[~mask.masks["weight"]]
+    assert pruned.eq(0).all() and not pruned.signbit().any()
 
 
 def test_dense_gradients_context_unmasks_gradients():

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from lightning_dfl.sparse.masks import zero_inactive_
+
 
 @torch.no_grad()
 def masked_average(
@@ -52,7 +54,7 @@ def masked_average(
             denominator = _weighted_sum(masks[name], coef, dtype=numerator.dtype)
             averaged = numerator.div_(denominator.clamp_min_(1e-12))  # 0 where nobody holds the weight
             if receiver_mask is not None and name in receiver_mask:
-                averaged.mul_(receiver_mask[name])
+                zero_inactive_(averaged, receiver_mask[name])
         else:
             averaged = numerator.div_(num_sources if coef is None else sum(coef))
         out[name] = averaged

@@ -6,8 +6,9 @@ and two bool published masks plus a bool current mask: 100 CIFAR ResNet18 client
 
 * each node's published model as a *record*: for a masked parameter its values at the published mask's
   active positions (flattened order) and the mask packed 8 bits a byte; the sign of the zeros outside
-  the mask, 1 bit per inactive entry, only when one of them is ``-0.0`` (``p.mul_(mask)`` leaves
-  ``-0.0`` where a negative weight was pruned); the whole tensor when an entry outside the mask is not
+  the mask, 1 bit per inactive entry, only when one of them is ``-0.0`` (the engine zeroes pruned
+  weights with :func:`~lightning_dfl.sparse.masks.zero_inactive_`, which leaves ``+0.0``; a bare
+  ``p.mul_(mask)`` in a user's hook leaves ``-0.0``); the whole tensor when an entry outside the mask is not
   a zero (a server's model, a callback that changed the mask without zeroing), so nothing is ever
   lost; unmasked tensors (biases, norm layers) dense. Records are immutable and never copied: a
   node's current mask shares its published mask's bytes when they are equal.
@@ -41,7 +42,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.federation.state import ClientStore, StateField
-from lightning_dfl.sparse.masks import Masks
+from lightning_dfl.sparse.masks import Masks, zero_inactive_
 
 #: the client store backends of ``FederatedTrainer(store=...)``
 STORE_KINDS = ("dense", "compact")
@@ -357,7 +358,7 @@ class CompactClientStore(ClientStore):
         for n in self.masked_names:
             m = mask[n] if mask is not None else torch.ones(self.shapes[n], dtype=torch.bool, device=self.device)
             masks[n] = self._bool(n, m)
-            dense[n].mul_(m.to(self.device).reshape(-1))
+            zero_inactive_(dense[n], m.to(self.device).reshape(-1))
         record = self._record(dense, masks, self._count(mask))
         self.records[node] = record
         self.current_bits[node] = record["bits"]

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_dfl.sparse.masks import Masks
+from lightning_dfl.sparse.masks import Masks, zero_inactive_
 
 # -- declared per-client fields ---------------------------------------------------------------
 
@@ -203,7 +203,7 @@ class ClientStore:
             m = mask[n] if mask is not None else torch.ones_like(self.masks[n][node])
             self.masks[n][node].copy_(m)
             self.published_masks[n][slot, node].copy_(m)
-            self.weights[n][slot, node].mul_(m)
+            zero_inactive_(self.weights[n][slot, node], m)
         self.active[slot, node] = self._count(mask)
 
     @torch.no_grad()

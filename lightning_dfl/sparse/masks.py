@@ -38,6 +38,13 @@ def maskable_parameters(
     return found
 
 
+def zero_inactive_(tensor: Tensor, mask: Tensor) -> Tensor:
+    """``tensor`` times ``mask`` in place, with plain ``+0.0`` at the inactive entries (a bare product leaves
+    ``-0.0`` where a negative value was masked; adding ``0.0`` clears that sign and changes nothing else), so
+    that a pruned weight is stored as a plain zero (the compact client store then needs no sign bits)."""
+    return tensor.mul_(mask).add_(0.0)
+
+
 def density(masks: Mapping[str, Tensor]) -> float:
     """Share of active entries over all masked entries."""
     total = sum(m.numel() for m in masks.values())
@@ -130,7 +137,7 @@ class ModelMask:
     def apply_(self) -> None:
         """Zero the inactive weights (call after every optimizer step)."""
         for name, param in self.params.items():
-            param.mul_(self._as(name, param.dtype))
+            zero_inactive_(param, self._as(name, param.dtype))
 
     def to(self, device: torch.device | str) -> "ModelMask":
         """Move the mask tensors to ``device`` (after the module was moved)."""
