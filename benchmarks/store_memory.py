@@ -12,8 +12,7 @@ when ``/proc/meminfo`` shows too little available memory.
 ``--store compact`` measures :class:`~lightning_dfl.federation.compact_state.CompactClientStore`
 (``FederatedTrainer(store="compact")``) instead, and then plays rounds the way DisPFL's tasks use the
 store, in the serial executor's order: each task reads its sources (itself and its M in-neighbours of
-the topology), publishes the model it trained (its weights times its mask, so the pruned entries are
-signed zeros as the module leaves them) and sets a next mask that differs from the published one
+the topology), publishes the model it trained (zero outside its mask, as the module leaves it) and sets a next mask that differs from the published one
 (RigL: 10% of each layer's active weights moved). The store is measured after every task (the
 round's peak) and after ``end_round``: a round that keeps every start-of-round record to its end,
 then rounds whose records are freed after their last reader (what the executor does for DisPFL,
@@ -46,6 +45,7 @@ from lightning_dfl.federation.state import ClientStore
 from lightning_dfl.federation.topology import build_topology
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
+from lightning_dfl.sparse.masks import zero_inactive_
 
 GIB = 2**30
 GB = 10**9
@@ -142,7 +142,9 @@ def play_round(store: ClientStore, plan: RoundPlan, seed: int, prune: float = 0.
         generator = torch.Generator().manual_seed(derive_seed(seed, "round", plan.round_idx, node))
         if prune:
             mask = {n: m & (torch.rand(m.shape, generator=generator) >= prune) for n, m in mask.items()}
-        trained = {n: (w + 0.01) * mask[n] if n in mask else w + 0.01 for n, w in weights.items()}
+        trained = {n: w + 0.01 for n, w in weights.items()}
+        for n, m in mask.items():  # pruned entries are plain zeros, as the module's mask leaves them
+            zero_inactive_(trained[n], m)
         store.publish(node, trained, mask)
         store.set_mask(node, _rigl_like(mask, move, generator))
         peak = max(peak, store.nbytes())

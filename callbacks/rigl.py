@@ -244,7 +244,7 @@ class RigL(FederatedCallback):
         return rigl_masks(weights, mask.masks, fraction, mode="random", generator=generator)
 
     def _load(self, mask: ModelMask, new: Masks, when: str) -> None:
-        changed = {name: int((new[name].to(old.device) & ~old).sum()) for name, old in mask.masks.items()}
+        changed = {name: int((new[name].to(old.device) & ~old).count_nonzero()) for name, old in mask.masks.items()}
         mask.load_(new, apply=True)
         self._num_updates += 1
         if self.verbose >= 1:

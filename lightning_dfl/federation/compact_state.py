@@ -178,7 +178,7 @@ def _count_before(packed: Tensor, stop: int) -> int:
     full = stop // 8
     count = int(_POPCOUNT.to(packed.device)[packed[:full].long()].sum()) if full else 0
     if stop % 8:
-        count += int(_bit_range(packed, full * 8, stop).sum())
+        count += int(_bit_range(packed, full * 8, stop).count_nonzero())
     return count
 
 
@@ -284,6 +284,9 @@ class CompactClientStore(ClientStore):
             kept = select(w, m)
             if kept.numel() == w.numel():
                 values[n] = w
+                continue
+            if not bool(w.view(_TORCH_INTS[w.element_size()]).ne(0).logical_and_(~m).any()):
+                values[n] = kept  # plain +0.0 everywhere outside the mask (every bit zero): the common case
                 continue
             off = select(w, ~m)
             if bool(off.ne(0).any()):  # a value outside the mask: keep the tensor whole
@@ -459,7 +462,7 @@ class CompactClientStore(ClientStore):
         if before is None:
             before = _count_before(bits, start)
         m = _bit_range(bits, start, stop)
-        count = int(m.sum())
+        count = int(m.count_nonzero())
         if len(self._prefix) > 4 * self.num_nodes:
             self._prefix.clear()
         self._prefix[(id(values), stop)] = before + count
@@ -471,6 +474,18 @@ class CompactClientStore(ClientStore):
             scatter_(out, ~m, signed_zeros(_bit_range(neg, inactive, inactive + (stop - start - count)),
                                                  values.dtype))
         return out
+
+    def packed_published_masks(self, nodes: Iterable[int]) -> Tensor:
+        """The nodes' current published masks as ``(len(nodes), words)`` int64 rows: each record's packed
+        bits, names in order, zero-padded to whole words (no decoding). Any fixed packing serves the
+        diagnostics' popcounts (:func:`~lightning_dfl.federation.diagnostics.packed_masks`)."""
+        rows = [np.concatenate([self._start(k)["bits"][n].cpu().numpy() for n in self.masked_names])
+                for k in nodes]
+        width = -(-max((r.size for r in rows), default=0) // 8) * 8
+        out = np.zeros((len(rows), width), dtype=np.uint8)
+        for i, r in enumerate(rows):
+            out[i, :r.size] = r
+        return torch.from_numpy(out).view(torch.int64).to(self.device)
 
     # -- reads --------------------------------------------------------------------------
     def mask(self, node: int) -> Masks:

@@ -312,7 +312,11 @@ def popcount(words: Tensor) -> Tensor:
 
 
 def packed_masks(store: Any, clients: Sequence[int]) -> Tensor:
-    """The clients' current published masks (prunable weights), packed: ``(K, words)`` int64."""
+    """The clients' current published masks (prunable weights), packed: ``(K, words)`` int64 (a store that
+    keeps its masks packed, the compact one, gives its own packing: the popcounts are the same)."""
+    own = getattr(store, "packed_published_masks", None)
+    if own is not None:
+        return own(clients)
     rows_index = _rows(store, clients)
     parts = [pack_words(m) for name in store.masked_names
              for _, m in _blocks(store.published_masks[name], rows_index, len(clients), 64)]
@@ -453,11 +457,12 @@ class RunDiagnostics:
         pairs = diagnostic_pairs(k, round_idx, self.seed, communicating or None, DISTANCE_PAIRS_PER_CLIENT,
                                  all_pairs_max_k=0, stream="diag/distance")  # none communicate: from all pairs
         names = [n for n in self.parameter_names if n in store.weights] or list(store.names)
+        packs_own = hasattr(store, "packed_published_masks")  # then every packing of this run is the store's
         blocks: dict[str, list[Tensor]] = {}
         out["diag/consensus_distance"], out["diag/consensus_distance_masked"] = consensus_distances(
-            store, clients, names, pairs, blocks)
+            store, clients, names, pairs, None if packs_own else blocks)
         if store.masked_names:
-            if set(store.masked_names) <= set(blocks):  # the masks as the distance pass packed them
+            if not packs_own and set(store.masked_names) <= set(blocks):  # the masks as the distance pass packed them
                 current = torch.cat([b for n in store.masked_names for b in blocks[n]], dim=1)
             else:
                 current = packed_masks(store, clients)

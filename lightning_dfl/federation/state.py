@@ -249,7 +249,7 @@ class ClientStore:
     def _count(self, mask: Mapping[str, Tensor] | None) -> int:
         if mask is None:
             return self.unmasked_size + self.masked_size()
-        return self.unmasked_size + sum(int(mask[n].sum()) for n in self.masked_names)
+        return self.unmasked_size + sum(int(mask[n].count_nonzero()) for n in self.masked_names)
 
     def task_views(self, node: int) -> list[Tensor]:
         """Views of everything ``node``'s task writes this round: the slot it publishes into (weights,

@@ -10,8 +10,10 @@ executor runs them level by level (:mod:`~lightning_dfl.federation.executor`), t
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,10 @@ from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
 from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
+from lightning_dfl.sparse.masks import Masks
+
+#: threads that draw the clients' initial masks at set-up (``torch.randperm`` of a large layer is serial)
+MASK_THREADS = 8
 
 
 class FederatedTrainer:
@@ -299,13 +305,7 @@ class FederatedTrainer:
         self.clock.setup(num_clients, self.algorithm.num_servers, self.seed)
         self.store = store_class(self.store_kind)(self.worker, list(model.mask.masks), num_nodes,
                                                   device=store_device, fields=self._state_fields(model))
-        shared_mask = model.mask.state()
-        for node in range(num_nodes):
-            if self.algorithm.personal_masks and node < num_clients:
-                generator = torch.Generator().manual_seed(derive_seed(self.seed, "mask", node))
-                mask = model.initial_masks(generator)
-            else:
-                mask = shared_mask
+        for node, mask in enumerate(self._initial_masks(model, num_clients, num_nodes)):
             self.store.initialize(node, self.worker, mask)
         self.sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
         for callback in self.callbacks:
@@ -322,6 +322,25 @@ class FederatedTrainer:
                 "seed": self.seed, "num_clients": num_clients, **dict(model.hparams),
                 **{f"data/{k}": v for k, v in datamodule.hparams.items()},
             })
+
+    def _initial_masks(self, model: SparseClassifier, num_clients: int, num_nodes: int) -> Iterator[Masks]:
+        """Every node's initial mask in node order: a client's own random one (seeded by its index) with
+        personal masks, else the module's. Drawn on a few threads (each client has its own generator, so
+        the masks do not depend on the threads), a few ahead of the node being initialized."""
+        shared = model.mask.state()
+        if not self.algorithm.personal_masks:
+            yield from (shared for _ in range(num_nodes))
+            return
+
+        def draw(node: int) -> Masks:
+            if node >= num_clients:
+                return shared
+            return model.initial_masks(torch.Generator().manual_seed(derive_seed(self.seed, "mask", node)))
+
+        workers = max(1, min(MASK_THREADS, os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers) as pool:
+            for start in range(0, num_nodes, 2 * workers):
+                yield from pool.map(draw, range(start, min(num_nodes, start + 2 * workers)))
 
     def _state_fields(self, model: SparseClassifier) -> list[StateField]:
         """The store's declared fields: the algorithm's, its kept optimizer state, the callbacks'."""

@@ -50,7 +50,7 @@ def density(masks: Mapping[str, Tensor]) -> float:
     total = sum(m.numel() for m in masks.values())
     if total == 0:
         return 1.0
-    return float(sum(int(m.sum()) for m in masks.values())) / total
+    return float(sum(int(m.count_nonzero()) for m in masks.values())) / total
 
 
 def sparsity(masks: Mapping[str, Tensor]) -> float:
@@ -60,7 +60,7 @@ def sparsity(masks: Mapping[str, Tensor]) -> float:
 
 def count_active(masks: Mapping[str, Tensor]) -> int:
     """Number of active entries over all masks."""
-    return sum(int(m.sum()) for m in masks.values())
+    return sum(int(m.count_nonzero()) for m in masks.values())
 
 
 class ModelMask:

@@ -115,7 +115,7 @@ def prune_budget(masks: Mapping[str, Tensor], target_sparsity: float) -> int:
     if not (math.isfinite(target_sparsity) and 0 <= target_sparsity <= 1):
         raise ValueError(f"target_sparsity must lie in [0, 1], got {target_sparsity!r}")
     total = sum(m.numel() for m in masks.values())
-    active = sum(int(m.bool().sum()) for m in masks.values())
+    active = sum(int(m.count_nonzero()) for m in masks.values())
     # Slack so that e.g. 100 * 0.7 = 70.00000000000001 floors to 70.
     allowed_zeros = math.floor(total * target_sparsity + 1e-6)
     return max(allowed_zeros - (total - active), 0)

@@ -137,7 +137,7 @@ def rigl_masks(
     new: Masks = {}
     for name, mask in masks.items():
         mask = mask.detach() != 0
-        k = num_dropped(float(drop_fraction), int(mask.sum()))
+        k = num_dropped(float(drop_fraction), int(mask.count_nonzero()))
         score = scores[name] if mode == "gradient" else None
         new[name] = _layer_update(weights[name], mask, k, score, generator)
     return new
