@@ -216,10 +216,7 @@ class _Stacked:
     def index_select(self, dim: int, index: Tensor) -> Tensor:
         if dim != 0 or not self.flat:
             raise NotImplementedError("a compact store's stacked entry selects rows (dim 0) only")
-        rows = [self.store.columns(int(r), self.name, self.mask, self.start, self.stop) for r in index.tolist()]
-        if not rows:
-            return torch.zeros((0, self.stop - self.start), dtype=self.dtype, device=self.store.device)
-        return torch.stack(rows)
+        return self.store.column_block(index.tolist(), self.name, self.mask, self.start, self.stop)
 
 
 # -- the store --------------------------------------------------------------------------------------
@@ -438,17 +435,64 @@ class CompactClientStore(ClientStore):
         """Stand-ins for the dense store's ``published_masks[name]`` (see :attr:`weights`)."""
         return {n: _Stacked(self, n, True) for n in self.masked_names}
 
+    def _row_record(self, row: int) -> dict[str, Any]:
+        """The record in the dense store's row ``slot * N + node`` (its start-of-round record in its
+        current slot, this round's in the other)."""
+        slot, node = divmod(row, self.num_nodes)
+        if slot == int(self.slot[node]):
+            return self._start(node)
+        if node in self.fresh_records:
+            return self.fresh_records[node]
+        raise RuntimeError(f"node {node} has no model in slot {slot} (it has not published this round)")
+
+    def column_block(self, rows: list[int], name: str, mask: bool, start: int, stop: int) -> Tensor:
+        """:meth:`columns` of several rows, stacked ``(len(rows), stop - start)``; the mask bits of all
+        rows are unpacked at once when ``start`` falls on a byte (the diagnostics' blocks do), and the
+        rows' active values are scattered in one step."""
+        width = stop - start
+        dtype = torch.bool if mask else self.dtypes[name]
+        if not rows:
+            return torch.zeros((0, width), dtype=dtype, device=self.device)
+        if start % 8 or self.device.type != "cpu" or name not in self._masked:
+            return torch.stack([self.columns(r, name, mask, start, stop) for r in rows])
+        records = [self._row_record(r) for r in rows]
+        first, last = start // 8, (stop + 7) // 8
+        packed = np.stack([rec["bits"][name][first:last].numpy() for rec in records])
+        bits = torch.from_numpy(np.unpackbits(packed, axis=1, count=width, bitorder="little")).view(torch.bool)
+        if mask:
+            return bits
+        out = torch.zeros((len(rows), width), dtype=dtype)
+        counts = bits.sum(dim=1).tolist()
+        sparse, chunks = [], []
+        for i, rec in enumerate(records):
+            values = rec["values"][name]
+            if values.numel() == self.numels[name]:
+                out[i] = values[start:stop]
+                continue
+            before = self._prefix.pop((id(values), start), None)
+            if before is None:
+                before = _count_before(rec["bits"][name], start)
+            self._prefix[(id(values), stop)] = before + counts[i]
+            sparse.append(i)
+            chunks.append(values[before:before + counts[i]])
+            if name in rec["neg"]:  # -0.0 outside the mask (rare): that row the long way
+                out[i] = self.columns(rows[i], name, False, start, stop)
+                sparse.pop()
+                chunks.pop()
+        if len(self._prefix) > 4 * self.num_nodes + len(rows):
+            self._prefix.clear()
+        if sparse:
+            index = torch.tensor(sparse)
+            block = torch.zeros((len(sparse), width), dtype=dtype)
+            scatter_(block.view(-1), bits[index].view(-1), torch.cat(chunks))
+            out[index] = block
+        return out
+
     def columns(self, row: int, name: str, mask: bool, start: int, stop: int) -> Tensor:
         """Entries ``[start, stop)`` of ``name`` (flattened) in the dense store's row ``slot * N + node``:
         the node's published weights or mask (its start-of-round record in its current slot, this round's
         in the other)."""
-        slot, node = divmod(row, self.num_nodes)
-        if slot == int(self.slot[node]):
-            record = self._start(node)
-        elif node in self.fresh_records:
-            record = self.fresh_records[node]
-        else:
-            raise RuntimeError(f"node {node} has no model in slot {slot} (it has not published this round)")
+        record = self._row_record(row)
         if name not in self._masked:
             return record["values"][name][start:stop]
         bits = record["bits"][name]
