@@ -22,7 +22,7 @@ show the memory falling.
 
     python benchmarks/store_memory.py                 # K = 100, resnet18, density 0.5 (~1 min)
     python benchmarks/store_memory.py --clients 10    # a quick check
-    python benchmarks/store_memory.py --store compact                                # ~2.6 GB
+    python benchmarks/store_memory.py --store compact                                # ~5 GB, ~5 min
     python benchmarks/store_memory.py --store compact --arch cnn_cifar --clients 1000
 """
 
