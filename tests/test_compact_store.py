@@ -10,7 +10,7 @@ from _helpers import Kill
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.algorithms import DADPFL, PRISAM, PSFL, DisPFL
+from lightning_dfl.federation.algorithms import BEER, DADPFL, PRISAM, PSFL, DFedAvgM, DFedSAM, DisPFL, GossipFL
 from lightning_dfl.federation.checkpoint_io import read_state
 from lightning_dfl.federation.compact_state import (
     STORE_KINDS,
@@ -433,14 +433,24 @@ def test_a_ring_round_frees_most_start_models_before_it_ends():
     assert seen.peak < 1.5 * compact.store.nbytes()  # two records per node would be about 2 x
 
 
-@pytest.mark.parametrize("name", ["psfl", "prisam"])
-def test_chains_and_union_averages_are_bit_identical_to_the_dense_store(name):
+#: algorithms whose start-of-round records are freed after their last reader, beyond the golden runs'
+FREEING = {
+    "psfl": lambda: PSFL(clients_per_round=4, sequences=2, sampler="uniform"),  # two chains of two, a server
+    "prisam": lambda: PRISAM(ratio=0.5, num_groups=2, warmup_rounds=1, num_neighbors=2),
+    "dfedavgm": lambda: DFedAvgM(num_neighbors=2),  # kept momentum, a delta field
+    "dfedsam": lambda: DFedSAM(num_neighbors=2, gossip_steps=2),  # two exchanges per round
+    "gossipfl": lambda: GossipFL(compress_ratio=0.1),
+    "beer": lambda: BEER(gradient_difference="fresh"),  # compressed tracking fields
+}
+
+
+@pytest.mark.parametrize("name", list(FREEING))
+def test_other_algorithms_are_bit_identical_to_the_dense_store(name):
+    assert vars(type(FREEING[name]())).get("reads_only_sources")  # the class itself opts in
+
     def make():
-        if name == "psfl":  # two chains of two clients, then the server's uniform average
-            return (PSFL(clients_per_round=4, sequences=2, sampler="uniform"),
-                    SparseClassifier(arch="cnn_digits", density=1.0, lr=0.05, seed=1))
-        return (PRISAM(ratio=0.5, num_groups=2, warmup_rounds=1, num_neighbors=2),
-                SparseClassifier(arch="resnet20", density=1.0, lr=0.05, seed=1))
+        arch = "resnet20" if name == "prisam" else "cnn_digits"
+        return FREEING[name](), SparseClassifier(arch=arch, density=1.0, lr=0.05, seed=1)
 
     runs = {}
     for store in ("dense", "compact"):

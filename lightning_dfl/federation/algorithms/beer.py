@@ -149,6 +149,7 @@ class BEER(GossipAlgorithm):
     """
 
     name = "beer"
+    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
 
     def __init__(self, num_neighbors: int = 2, topology: str = "ring", gamma: float = 0.01,
                  eta: float | None = None, compressor: str = "gsgd", bits: int = 9, ratio: float = 0.1,

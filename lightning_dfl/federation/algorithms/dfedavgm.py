@@ -70,6 +70,7 @@ class DFedAvgM(GossipAlgorithm):
     """
 
     name = "dfedavgm"
+    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", momentum: float = 0.9,
                  message_dtype: str | None = None, rule: str = "original",

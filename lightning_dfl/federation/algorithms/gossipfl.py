@@ -63,6 +63,7 @@ class GossipFL(Algorithm):
     """
 
     name = "gossipfl"
+    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
 
     def __init__(self, compress_ratio: float = 0.01, compressor: str = "random_k") -> None:
         if compressor not in COMPRESSORS:
