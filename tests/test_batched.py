@@ -65,6 +65,7 @@ def test_the_compact_store_gives_the_same_batched_run_bit_for_bit():
         (wd, md), (wc, mc) = dense.store.published(node), compact.store.published(node)
         assert all(torch.equal(wd[n].view(torch.uint8), wc[n].view(torch.uint8)) for n in wd)
         assert all(torch.equal(md[n], mc[n]) for n in md)
+    assert not any(record["neg"] for record in compact.store.records)  # pruned weights are plain +0.0 here too
 
 
 class BatchHook(FederatedCallback):

@@ -33,6 +33,7 @@ from lightning_dfl.federation.context import TaskContext
 from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.local import _batches
 from lightning_dfl.federation.plan import RoundPlan
+from lightning_dfl.sparse.masks import zero_inactive_
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.trainer import FederatedTrainer
@@ -184,8 +185,8 @@ class BatchedExecutor(SerialExecutor):
                         kept = buffers[n] if whole else buffers[n].index_select(0, index)
                         d_p = d_p + momentum * kept if nesterov else kept
                     updated = sub[n] - lr * d_p
-                    if mask is not None:
-                        updated = updated * mask
+                    if mask is not None:  # re-masked as the module's apply_ does (plain +0.0 outside)
+                        updated = zero_inactive_(updated, mask)
                     if whole:
                         params[n] = updated
                     else:
