@@ -42,6 +42,7 @@ import torch
 from lightning_dfl.federation.compact_state import CompactClientStore
 from lightning_dfl.federation.plan import RoundPlan, Source, StartReads, Task
 from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.store_memory import available_bytes
 from lightning_dfl.federation.topology import build_topology
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
@@ -62,16 +63,6 @@ def current_rss_bytes() -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         return None

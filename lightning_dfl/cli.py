@@ -31,10 +31,12 @@ DEBUG_FLAG = "--debug"
 DEBUG_ENV = "LIGHTNING_DFL_DEBUG"
 DEBUG_HINT = f"(run with {DEBUG_FLAG} for the traceback)"
 
-#: exceptions that describe bad input (config values, names, paths, data, checkpoints), not a bug; with
-#: Lightning's MisconfigurationException once Lightning is imported (see :func:`user_errors`)
+#: exceptions that describe bad input (config values, names, paths, data, checkpoints, a federation too
+#: large for the memory), not a bug; with Lightning's MisconfigurationException once Lightning is imported
+#: (see :func:`user_errors`)
 _INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError,
-                                                  IsADirectoryError, PermissionError, argparse.ArgumentError)
+                                                  IsADirectoryError, PermissionError, argparse.ArgumentError,
+                                                  MemoryError)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

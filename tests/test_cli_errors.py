@@ -175,6 +175,17 @@ def test_bad_input_is_one_line(tmp_path, files, capsys, extra, named):
         assert word.format(**files) in err, f"{word!r} not named in: {err}"
 
 
+def test_a_dense_store_too_large_for_the_memory_is_one_line(tmp_path, monkeypatch, capsys):
+    import lightning_dfl.federation.store_memory as store_memory
+
+    monkeypatch.setattr(store_memory, "available_bytes", lambda: 1 << 20)
+    with pytest.raises(SystemExit) as exit_info:
+        main(_fit(tmp_path))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "only 1.0 MiB of memory are available: set trainer.store: compact" in err
+
+
 def test_at_least_30_bad_inputs():
     assert len(CASES) >= 30
 

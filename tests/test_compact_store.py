@@ -1,6 +1,7 @@
 """The compact client store (``store="compact"``): the dense store's API and results, bit for bit, in less memory."""
 
 import importlib.util
+import re
 import warnings
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from lightning_dfl.federation.diagnostics import (
 )
 from lightning_dfl.federation.plan import RoundPlan, Source, StartReads, Task
 from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.federation.store_memory import compact_store_bytes, dense_store_bytes
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -548,3 +550,33 @@ def test_two_processes_with_the_compact_store_reproduce_one(tmp_path):
     assert a["store"]["format"] == "compact"
     for part in ("store", "algorithm", "callbacks", "clock"):
         assert sharding._differences(a[part], b[part], part) == []
+
+
+# -- a dense store that does not fit is refused before it is allocated ------------------------------------
+
+
+def test_store_sizes_are_computed_from_the_layout():
+    # float32 entries 108 + 4 + 360 + 10, float64 running_var 4: 1,960 bytes a model; 468 masked entries
+    assert dense_store_bytes(_template(), MASKED, 5) == 5 * (2 * 1960 + 3 * 468)
+    assert dense_store_bytes(_template(), MASKED, 5) <= ClientStore(_template(), MASKED, 5).nbytes()
+    # half the masked values, the unmasked ones whole, two packed masks (468 / 4 bytes)
+    assert compact_store_bytes(_template(), MASKED, 5, 0.5) == int(5 * (0.5 * 468 * 4 + 14 * 4 + 32 + 117))
+
+
+def test_a_dense_store_larger_than_the_memory_is_refused_with_the_compact_alternative(monkeypatch, tmp_path):
+    import lightning_dfl.federation.store_memory as store_memory
+
+    monkeypatch.setattr(store_memory, "available_bytes", lambda: 4096)
+    model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05, seed=1)
+    with pytest.raises(MemoryError, match=r"the dense client store of 6 nodes needs (\d+\.\d) MiB but only 0\.0 MiB of "
+                                          r"memory are available: set trainer.store: compact \(about (\d+\.\d) MiB "
+                                          r"between rounds at density 0\.50") as refused:
+        _fit(DisPFL(num_neighbors=2), "dense", model, rounds=1)
+    template = {n: t for n, t in model.model.state_dict().items() if t.is_floating_point()}
+    masked = list(model.mask.masks)
+    need, compact = (float(x) for x in re.search(r"needs (\S+) MiB.*about (\S+) MiB", str(refused.value)).groups())
+    assert need == round(dense_store_bytes(template, masked, 6) / 2**20, 1)
+    assert compact == round(compact_store_bytes(template, masked, 6, model.mask.density()) / 2**20, 1)
+    compact = _fit(DisPFL(num_neighbors=2), "compact", SparseClassifier(arch="cnn_digits", density=0.5, seed=1),
+                   rounds=1)
+    assert len(compact.history) == 1  # the compact store is not refused

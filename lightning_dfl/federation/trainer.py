@@ -44,6 +44,7 @@ from lightning_dfl.federation.interrupts import Interrupted, resume_command, sto
 from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
 from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
 from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
+from lightning_dfl.federation.store_memory import check_store_fits
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.sparse.masks import Masks
@@ -303,6 +304,8 @@ class FederatedTrainer:
         store_device = "cpu" if self.store_device == "cpu" else self.fabric.device
         num_nodes = num_clients + self.algorithm.num_servers
         self.clock.setup(num_clients, self.algorithm.num_servers, self.seed)
+        check_store_fits(self.store_kind, self.worker, list(model.mask.masks), num_nodes, model.mask.density(),
+                         store_device)
         self.store = store_class(self.store_kind)(self.worker, list(model.mask.masks), num_nodes,
                                                   device=store_device, fields=self._state_fields(model))
         for node, mask in enumerate(self._initial_masks(model, num_clients, num_nodes)):
