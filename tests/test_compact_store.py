@@ -33,7 +33,7 @@ from lightning_dfl.federation.diagnostics import (
 )
 from lightning_dfl.federation.plan import RoundPlan, Source, StartReads, Task
 from lightning_dfl.federation.state import ClientStore, StateField
-from lightning_dfl.federation.store_memory import compact_store_bytes, dense_store_bytes
+from lightning_dfl.federation.store_memory import check_store_fits, compact_store_bytes, dense_store_bytes
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -580,3 +580,16 @@ def test_a_dense_store_larger_than_the_memory_is_refused_with_the_compact_altern
     compact = _fit(DisPFL(num_neighbors=2), "compact", SparseClassifier(arch="cnn_digits", density=0.5, seed=1),
                    rounds=1)
     assert len(compact.history) == 1  # the compact store is not refused
+
+
+def test_every_process_of_a_sharded_run_holds_its_own_dense_store(monkeypatch):
+    import lightning_dfl.federation.store_memory as store_memory
+
+    need = dense_store_bytes(_template(), MASKED, 5)
+    monkeypatch.setattr(store_memory, "available_bytes", lambda: int(1.5 * need))
+    check_store_fits("dense", _template(), MASKED, 5, 0.5, "cpu")  # one copy fits
+    with pytest.raises(MemoryError, match=r"\(2 processes, a copy each\)"):
+        check_store_fits("dense", _template(), MASKED, 5, 0.5, "cpu", processes=2)
+    check_store_fits("compact", _template(), MASKED, 5, 0.5, "cpu", processes=2)  # not checked
+    monkeypatch.setattr(store_memory, "available_bytes", lambda: None)  # no /proc/meminfo: nothing to check
+    check_store_fits("dense", _template(), MASKED, 5, 0.5, "cpu", processes=2)

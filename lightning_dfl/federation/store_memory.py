@@ -50,16 +50,18 @@ def compact_store_bytes(template: Mapping[str, Tensor], masked_names: list[str],
 
 
 def check_store_fits(kind: str, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
-                     density: float, device: torch.device | str) -> None:
-    """Raise ``MemoryError`` when the dense store on the CPU needs more than the available memory, naming
-    the sizes and the compact store's estimate; nothing for the compact store, a GPU or an unknown size."""
+                     density: float, device: torch.device | str, processes: int = 1) -> None:
+    """Raise ``MemoryError`` when the dense store on the CPU, once per process of this machine
+    (``processes``: sharded runs hold a copy each), needs more than the available memory, naming the sizes
+    and the compact store's estimate; nothing for the compact store, a GPU or an unknown size."""
     if kind != "dense" or torch.device(device).type != "cpu":
         return
-    need, available = dense_store_bytes(template, masked_names, num_nodes), available_bytes()
+    need, available = processes * dense_store_bytes(template, masked_names, num_nodes), available_bytes()
     if available is None or need <= available:
         return
-    compact = compact_store_bytes(template, masked_names, num_nodes, density)
+    compact = processes * compact_store_bytes(template, masked_names, num_nodes, density)
+    copies = f" ({processes} processes, a copy each)" if processes > 1 else ""
     raise MemoryError(
-        f"the dense client store of {num_nodes} nodes needs {_size(need)} but only {_size(available)} of memory "
-        f"are available: set trainer.store: compact (about {_size(compact)} between rounds at density "
+        f"the dense client store of {num_nodes} nodes needs {_size(need)}{copies} but only {_size(available)} of "
+        f"memory are available: set trainer.store: compact (about {_size(compact)} between rounds at density "
         f"{density:.2f}, up to twice that within a round), or use fewer clients")

@@ -305,7 +305,7 @@ class FederatedTrainer:
         num_nodes = num_clients + self.algorithm.num_servers
         self.clock.setup(num_clients, self.algorithm.num_servers, self.seed)
         check_store_fits(self.store_kind, self.worker, list(model.mask.masks), num_nodes, model.mask.density(),
-                         store_device)
+                         store_device, processes=self.fabric.world_size // self._fabric_kwargs["num_nodes"])
         self.store = store_class(self.store_kind)(self.worker, list(model.mask.masks), num_nodes,
                                                   device=store_device, fields=self._state_fields(model))
         for node, mask in enumerate(self._initial_masks(model, num_clients, num_nodes)):
