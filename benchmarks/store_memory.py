@@ -46,7 +46,7 @@ from lightning_dfl.federation.store_memory import available_bytes
 from lightning_dfl.federation.topology import build_topology
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
-from lightning_dfl.sparse.masks import zero_inactive_
+from lightning_dfl.sparse.masks import density, zero_inactive_
 
 GIB = 2**30
 GB = 10**9
@@ -107,6 +107,17 @@ def _rigl_like(mask: dict[str, torch.Tensor], fraction: float, generator: torch.
     return out
 
 
+def initialize_nodes(store: ClientStore, module: SparseClassifier, template: dict[str, torch.Tensor], clients: int,
+                     seed: int) -> list[float]:
+    """Initialize every node with its own ERK mask (seeded as the trainer seeds them); their densities."""
+    densities = []
+    for node in range(clients):
+        mask = module.initial_masks(torch.Generator().manual_seed(derive_seed(seed, "mask", node)))
+        store.initialize(node, template, mask)
+        densities.append(density(mask))
+    return densities
+
+
 def dispfl_plan(clients: int, topology: str, neighbors: int, seed: int, round_idx: int) -> RoundPlan:
     """DisPFL's plan of a round: every node aggregates itself and its in-neighbours' start-of-round models."""
     rng = np.random.default_rng(derive_seed(seed, "plan", round_idx))
@@ -141,7 +152,7 @@ def play_round(store: ClientStore, plan: RoundPlan, seed: int, prune: float = 0.
         peak = max(peak, store.nbytes())
         if reads is not None:
             reads.finished(task)
-        densities.append(sum(int(m.sum()) for m in mask.values()) / sum(m.numel() for m in mask.values()))
+        densities.append(density(mask))
         del weights, mask, trained
     store.end_round()
     return {"peak_nbytes": peak, "after_nbytes": store.nbytes(), "mean_density": sum(densities) / len(densities)}
@@ -184,13 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     alloc_s = time.perf_counter() - start
     snaps.append(snapshot("store allocated"))
     start = time.perf_counter()
-    densities = []
-    for node in range(args.clients):
-        generator = torch.Generator().manual_seed(derive_seed(args.seed, "mask", node))
-        mask = module.initial_masks(generator)
-        store.initialize(node, template, mask)
-        densities.append(sum(int(m.sum()) for m in mask.values()) / sum(m.numel() for m in mask.values()))
-        del mask
+    densities = initialize_nodes(store, module, template, args.clients, args.seed)
     init_s = time.perf_counter() - start
     snaps.append(snapshot(f"{args.clients} nodes initialized"))
     nbytes = store.nbytes()
@@ -254,13 +259,7 @@ def compact_main(args: argparse.Namespace, module: SparseClassifier, template: d
     snaps.append(snapshot("model built"))
     start = time.perf_counter()
     store = CompactClientStore(template, masked, args.clients)
-    densities = []
-    for node in range(args.clients):
-        generator = torch.Generator().manual_seed(derive_seed(args.seed, "mask", node))
-        mask = module.initial_masks(generator)
-        store.initialize(node, template, mask)
-        densities.append(sum(int(m.sum()) for m in mask.values()) / sum(m.numel() for m in mask.values()))
-        del mask
+    densities = initialize_nodes(store, module, template, args.clients, args.seed)
     init_s = time.perf_counter() - start
     initialized = store.nbytes()
     breakdown = store.breakdown()

@@ -469,16 +469,15 @@ class CompactClientStore(ClientStore):
             if values.numel() == self.numels[name]:
                 out[i] = values[start:stop]
                 continue
+            if name in rec["neg"]:  # -0.0 outside the mask (rare): that row the long way
+                out[i] = self.columns(rows[i], name, False, start, stop)
+                continue
             before = self._prefix.pop((id(values), start), None)
             if before is None:
                 before = _count_before(rec["bits"][name], start)
             self._prefix[(id(values), stop)] = before + counts[i]
             sparse.append(i)
             chunks.append(values[before:before + counts[i]])
-            if name in rec["neg"]:  # -0.0 outside the mask (rare): that row the long way
-                out[i] = self.columns(rows[i], name, False, start, stop)
-                sparse.pop()
-                chunks.pop()
         if len(self._prefix) > 4 * self.num_nodes + len(rows):
             self._prefix.clear()
         if sparse:
@@ -584,14 +583,7 @@ class CompactClientStore(ClientStore):
         records = [self._checked(record, k) for k, record in enumerate(state["records"])]
         current = [self._checked({"bits": bits, "values": {}, "neg": {}}, k)["bits"]
                    for k, bits in enumerate(state["current_bits"])]
-        for _, mine, theirs_parts in pairs:
-            for n in mine:
-                mine[n].copy_(theirs_parts[n])
-        self.records, self.current_bits = records, current
-        self.fresh_records.clear()
-        self._prefix.clear()
-        self.slot.copy_(state["slot"])
-        self._written.clear()
+        self._adopt(records, current, state["slot"], pairs)
 
     def _checked(self, record: Mapping[str, Any], node: int) -> dict[str, Any]:
         """A loaded record on this store's device, its sizes checked against the shapes."""
@@ -644,6 +636,12 @@ class CompactClientStore(ClientStore):
             bits = {n: pack_bits(self._bool(n, state["masks"][n][k])) for n in self.masked_names}
             records.append(record)
             current.append({n: record["bits"][n] if torch.equal(record["bits"][n], b) else b for n, b in bits.items()})
+        self._adopt(records, current, slot, field_pairs)
+
+    def _adopt(self, records: list[dict[str, Any]], current: list[dict[str, Tensor]], slot: Tensor,
+               field_pairs: list[tuple[str, dict[str, Tensor], Mapping[str, Tensor]]]) -> None:
+        """A loaded checkpoint's records, current masks, slots and fields become the store's (checked
+        before: nothing is changed when a check fails); no round is running."""
         for _, mine, theirs in field_pairs:
             for n in mine:
                 mine[n].copy_(theirs[n])
