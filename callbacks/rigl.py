@@ -244,16 +244,17 @@ class RigL(FederatedCallback):
         return rigl_masks(weights, mask.masks, fraction, mode="random", generator=generator)
 
     def _load(self, mask: ModelMask, new: Masks, when: str) -> None:
-        changed = {name: int((new[name].to(old.device) & ~old).count_nonzero()) for name, old in mask.masks.items()}
+        changed = ({name: (new[name].to(old.device) & ~old).count_nonzero() for name, old in mask.masks.items()}
+                   if self.verbose >= 1 else {})  # counted only to be printed: reading them waits for the device
         mask.load_(new, apply=True)
         self._num_updates += 1
         if self.verbose >= 1:
             rank_zero_info(f"RigL {when}: density {mask.density():.4f}, "
-                           f"{sum(changed.values())} weights regrown (as many dropped)")
+                           f"{int(sum(changed.values()))} weights regrown (as many dropped)")
         if self.verbose >= 2:
             for name, m in mask.masks.items():
                 rank_zero_info(f"RigL   {name}: density {m.float().mean().item():.4f}, "
-                               f"{changed[name]} regrown")
+                               f"{int(changed[name])} regrown")
 
     @staticmethod
     def _has_loss_method(pl_module: Any) -> bool:

@@ -72,7 +72,7 @@ _CHOICES = {
     "clock_distribution": ("lightning_dfl.federation.clock", "DISTRIBUTIONS"),
     "update_interval": ("lightning_dfl.callbacks.rigl", "UPDATE_INTERVALS"),
 }
-_FIXED_CHOICES = {"store_device": ["cpu", "worker"], "logger": ["true", "false", "csv", "tensorboard"],
+_FIXED_CHOICES = {"store_device": ["auto", "cpu", "worker"], "logger": ["true", "false", "csv", "tensorboard"],
                   "store": ["dense", "compact"], "diagnostics": ["auto", "true", "false"], "between": ["dirichlet", "pathological"]}
 
 

@@ -12,11 +12,13 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_dfl.checks import check_int, is_int, is_number
+from lightning_dfl.deferred import accumulator_dtype, host_reads_are_cheap
 from lightning_dfl.models import available_models, build_model
 from lightning_dfl.models import model_options as builder_options
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.flops import FlopsProfile, profile_flops
-from lightning_dfl.sparse.masks import Masks, ModelMask, maskable_parameters
+from lightning_dfl.sparse.masks import Masks, ModelMask, active_counts, maskable_parameters
+from lightning_dfl.sparse.masks import density as mask_density
 
 #: name parts of the 1x1 shortcut convolutions of ResNets
 SHORTCUT_NAMES = ("downsample", "shortcut")
@@ -224,6 +226,19 @@ class SparseClassifier(LightningModule):
         assert self._flops is not None and self.mask is not None
         return self._flops.forward_flops(self.mask.masks)
 
+    def density_and_flops(self) -> tuple[float | Tensor, float | Tensor]:
+        """The mask's density and the forward FLOPs per sample at it: numbers from one read of its active
+        counts on the CPU; on an accelerator 0-dim float64 tensors on it, not waited for
+        (:mod:`lightning_dfl.deferred`)."""
+        assert self._flops is not None and self.mask is not None
+        masks = self.mask.masks
+        if not masks or host_reads_are_cheap(next(iter(masks.values())).device):
+            counts = active_counts(masks)
+            return mask_density(masks, counts), self._flops.forward_flops(counts)
+        active = torch.stack([m.count_nonzero() for m in masks.values()]).sum()
+        density = active.to(torch.float64) / sum(m.numel() for m in masks.values())
+        return density, self._flops.deferred_forward_flops(masks)
+
     @property
     def flops_profile(self) -> FlopsProfile:
         assert self._flops is not None
@@ -261,15 +276,28 @@ class SparseClassifier(LightningModule):
     @torch.no_grad()
     def evaluate(self, batches: Any) -> tuple[int, int, float]:
         """``(correct, total, summed loss)`` over ``batches`` in eval mode (federated evaluation)."""
+        correct, total, loss_sum = self.evaluate_sums(batches)
+        return int(correct), total, float(loss_sum)
+
+    @torch.no_grad()
+    def evaluate_sums(self, batches: Any) -> tuple[Tensor, int, Tensor]:
+        """:meth:`evaluate` without waiting for the device: ``correct`` and the summed loss are 0-dim
+        tensors on the batches' device (:mod:`lightning_dfl.deferred`), ``total`` a Python int."""
         was_training = self.training
         self.eval()
-        correct, total, loss_sum = 0, 0, 0.0
+        correct: Tensor | None = None
+        loss_sum: Tensor | None = None
+        total = 0
         for x, y in batches:
             logits = self(x)
-            loss_sum += float(F.cross_entropy(logits.float(), y, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == y).sum())
+            loss = F.cross_entropy(logits.float(), y, reduction="sum").to(accumulator_dtype(y.device))
+            hits = (logits.argmax(dim=1) == y).sum()
+            correct = hits if correct is None else correct + hits
+            loss_sum = loss if loss_sum is None else loss_sum + loss
             total += int(y.numel())
         self.train(was_training)
+        if correct is None or loss_sum is None:
+            return torch.zeros((), dtype=torch.int64), 0, torch.zeros((), dtype=torch.float64)
         return correct, total, loss_sum
 
     # -- optimisation -------------------------------------------------------------------

@@ -13,12 +13,19 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from torch import Tensor
+
+from lightning_dfl.deferred import read_values
 from lightning_dfl.stats import mean_std  # re-exported: the engine imports it from here
+
+#: the record's fields a task may leave as 0-dim device tensors until the round reads them
+_DEFERRED_FIELDS = ("loss", "acc_aggregated", "acc_trained", "density", "flops")
 
 
 @dataclass
 class ClientRecord:
-    """What one client's task produced."""
+    """What one client's task produced (``loss`` and the accuracies may be 0-dim device tensors until
+    :meth:`RoundAccounting.read_device_values`)."""
 
     client: int
     density: float
@@ -56,6 +63,17 @@ class RoundAccounting:
         if index_bytes:
             self.mask_upload[sender] += index_bytes
             self.mask_download[receiver] += index_bytes
+
+    def read_device_values(self) -> None:
+        """Turn the records' values still on the device (losses and accuracies left there by the tasks,
+        :mod:`lightning_dfl.deferred`) into numbers: one read for the whole round."""
+        slots = [(r, name) for r in self.records for name in _DEFERRED_FIELDS]
+        values = read_values([getattr(r, name) for r, name in slots])
+        for (record, name), value in zip(slots, values):
+            setattr(record, name, value)
+        for record in self.records:
+            if any(isinstance(v, Tensor) for v in record.extra.values()):
+                record.extra = dict(zip(record.extra, read_values(list(record.extra.values()))))
 
     def client_rows(self) -> list[dict[str, float | int | None]]:
         """One row per client that ran a task: its density, accuracies, FLOPs and bytes."""

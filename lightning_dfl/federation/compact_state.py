@@ -29,6 +29,12 @@ and two bool published masks plus a bool current mask: 100 CIFAR ResNet18 client
 where the unpacked mask is set); they are read-only like the dense store's views: a write into them is
 lost (the engine and its algorithms never write into them). Checkpoints hold the records as they are
 (``state_dict()["format"] == "compact"``); either store loads the other's checkpoints.
+
+Devices are handled as in the dense store (the records and fields on ``store.device``, whatever device
+the tensors given come from; a ``state_dict`` of CPU tensors), except that a pinned store
+(``pin_memory``) pins only its fields: the records are built by numpy and sized by their masks, and pinning
+each would cost one more copy and, through the host allocator's power-of-two blocks, up to twice the memory
+this store exists to save.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from torch import Tensor
 
 from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.sparse.masks import Masks, zero_inactive_
+from lightning_dfl.transfers import copy_all_
 
 #: the client store backends of ``FederatedTrainer(store=...)``
 STORE_KINDS = ("dense", "compact")
@@ -224,11 +231,12 @@ class _Stacked:
 
 class CompactClientStore(ClientStore):
     """:class:`~lightning_dfl.federation.state.ClientStore`'s API over compact records (see the module
-    docstring). Same arguments."""
+    docstring). Same arguments (``pin_memory`` pins the fields only)."""
 
     def __init__(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
-                 device: torch.device | str = "cpu", fields: Iterable[StateField] = ()) -> None:
-        self._init_layout(template, masked_names, num_nodes, device)
+                 device: torch.device | str = "cpu", fields: Iterable[StateField] = (),
+                 pin_memory: bool = False) -> None:
+        self._init_layout(template, masked_names, num_nodes, device, pin_memory)
         self._masked = set(masked_names)
         self.shapes = {n: tuple(t.shape) for n, t in template.items()}
         self.dtypes = {n: t.dtype for n, t in template.items()}
@@ -257,8 +265,8 @@ class CompactClientStore(ClientStore):
 
     # -- records ------------------------------------------------------------------------
     def _stored(self, name: str, value: Tensor | float) -> Tensor:
-        """``value`` as the dense store's ``copy_`` into its slot would leave it (dtype, device, shape),
-        flattened; a new tensor."""
+        """``value`` (on any device) as the dense store's ``copy_`` into its slot would leave it (dtype, the
+        store's device, shape), flattened; a new tensor."""
         out = torch.empty(self.shapes[name], dtype=self.dtypes[name], device=self.device)
         return out.copy_(value).reshape(-1)
 
@@ -356,9 +364,8 @@ class CompactClientStore(ClientStore):
         dense = {n: self._stored(n, weights[n]) for n in self.names}
         masks = {}
         for n in self.masked_names:
-            m = mask[n] if mask is not None else torch.ones(self.shapes[n], dtype=torch.bool, device=self.device)
-            masks[n] = self._bool(n, m)
-            zero_inactive_(dense[n], m.to(self.device).reshape(-1))
+            masks[n] = self._bool(n, mask[n] if mask is not None else True)  # on the store's device
+            zero_inactive_(dense[n], masks[n])
         record = self._record(dense, masks, self._count(mask))
         self.records[node] = record
         self.current_bits[node] = record["bits"]
@@ -557,13 +564,26 @@ class CompactClientStore(ClientStore):
 
     # -- checkpoints and memory ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The records as they are (for checkpoints; a saved record's tensors keep their sharing);
-        call between rounds."""
+        """The records as they are, on the CPU (for checkpoints; a saved record's tensors keep their
+        sharing, also when copied from another device); call between rounds."""
         if self._written:
             raise RuntimeError("the store can be saved between rounds only")
+        records, current_bits = list(self.records), list(self.current_bits)
+        fields = {name: dict(parts) for name, parts in self.fields.items()}
+        if self.device.type != "cpu":
+            copies: dict[int, Tensor] = {}  # by id: a tensor shared by records and current masks is copied once
+
+            def cpu(parts: Mapping[str, Tensor]) -> dict[str, Tensor]:
+                return {n: copies[id(t)] if id(t) in copies else copies.setdefault(id(t), t.cpu())
+                        for n, t in parts.items()}
+
+            records = [None if r is None else {**r, "values": cpu(r["values"]), "bits": cpu(r["bits"]),
+                                               "neg": cpu(r["neg"])} for r in records]
+            current_bits = [cpu(bits) for bits in current_bits]
+            fields = {name: cpu(parts) for name, parts in fields.items()}
         return {"format": FORMAT, "names": list(self.names), "masked_names": list(self.masked_names),
-                "shapes": {n: list(s) for n, s in self.shapes.items()}, "records": list(self.records),
-                "current_bits": list(self.current_bits), "slot": self.slot, "fields": self.fields}
+                "shapes": {n: list(s) for n, s in self.shapes.items()}, "records": records,
+                "current_bits": current_bits, "slot": self.slot, "fields": fields}
 
     @torch.no_grad()
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -642,9 +662,7 @@ class CompactClientStore(ClientStore):
                field_pairs: list[tuple[str, dict[str, Tensor], Mapping[str, Tensor]]]) -> None:
         """A loaded checkpoint's records, current masks, slots and fields become the store's (checked
         before: nothing is changed when a check fails); no round is running."""
-        for _, mine, theirs in field_pairs:
-            for n in mine:
-                mine[n].copy_(theirs[n])
+        copy_all_((mine[n], theirs[n]) for _, mine, theirs in field_pairs for n in mine)  # from any device
         self.records, self.current_bits = records, current
         self.fresh_records.clear()
         self._prefix.clear()

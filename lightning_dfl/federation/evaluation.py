@@ -7,21 +7,28 @@ from typing import Any
 
 from torch import Tensor
 
+from lightning_dfl.deferred import accumulator_dtype, read_values
 from lightning_dfl.stats import mean_std
 
 
 def accuracy(module: Any, fabric: Any, batches: Iterable[tuple[Tensor, Tensor]]) -> float:
     """The worker's accuracy on ``batches`` under the precision's autocast (NaN for no sample)."""
+    return read_values([deferred_accuracy(module, fabric, batches)])[0]
+
+
+def deferred_accuracy(module: Any, fabric: Any, batches: Iterable[tuple[Tensor, Tensor]]) -> Tensor | float:
+    """:func:`accuracy` as a 0-dim tensor on the worker's device, not waited for (NaN for no sample;
+    :mod:`lightning_dfl.deferred`)."""
     with fabric.autocast():
-        correct, total, _ = module.evaluate(batches)
-    return correct / total if total else float("nan")
+        correct, total, _ = module.evaluate_sums(batches)
+    return correct.to(accumulator_dtype(correct.device)) / total if total else float("nan")
 
 
 def shared_model_metrics(module: Any, fabric: Any, num_clients: int,
                          test_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
                          prefix: str = "acc/consensus") -> dict[str, float]:
     """The model loaded in the worker tested on every client's test set: mean and std over clients."""
-    accs = [accuracy(module, fabric, test_batches(k)) for k in range(num_clients)]
+    accs = read_values([deferred_accuracy(module, fabric, test_batches(k)) for k in range(num_clients)])
     mean, std = mean_std(accs)
     return {f"{prefix}_mean": mean, f"{prefix}_std": std}
 

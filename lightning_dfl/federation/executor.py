@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from lightning_dfl.callbacks.base import defined_hooks
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import CountingBatches, TaskContext
 from lightning_dfl.federation.plan import RoundPlan, StartReads, Task
+from lightning_dfl.transfers import copy_all_
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.trainer import FederatedTrainer
@@ -61,9 +63,8 @@ class SerialExecutor:
 
     @torch.no_grad()
     def load(self, weights: dict[str, Tensor]) -> None:
-        """Copy ``weights`` into the worker's floating parameters and buffers."""
-        for name, tensor in self.trainer.worker.items():
-            tensor.copy_(weights[name])
+        """Copy ``weights`` into the worker's floating parameters and buffers (from a pinned store, overlapping)."""
+        copy_all_((tensor, weights[name]) for name, tensor in self.trainer.worker.items())
 
     def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0,
                  reads: StartReads | None = None) -> None:
@@ -107,7 +108,8 @@ class SerialExecutor:
         if aggregated is not None:
             self.load(aggregated)
         module.mask.apply_()
-        record = ClientRecord(client=node, density=module.mask.density())
+        density, forward_flops = module.density_and_flops()  # one read of the mask's counts
+        record = ClientRecord(client=node, density=density)
         if evaluate:
             record.acc_aggregated = algorithm.evaluate(ctx, "aggregated")
         generator = ctx.generator("data")
@@ -115,7 +117,7 @@ class SerialExecutor:
         batches = CountingBatches(t.datamodule.client_train_batches(node, generator, device=t.fabric.device),
                                   t.convert_input)
         ctx.train_batches = t.train_dataloader = batches
-        record.flops = 3 * module.forward_flops()  # per sample, at the mask it trains under (x samples at the end)
+        record.flops = 3 * forward_flops  # per sample, at the mask it trains under (x samples at the end)
         algorithm.configure_optimizer(ctx)
         self._restore_optimizer_state(ctx)
         return ctx, record
@@ -129,13 +131,13 @@ class SerialExecutor:
         batches = ctx.train_batches
         record.train_samples = batches.samples
         record.flops = record.train_samples * record.flops
-        diverged = record.train_samples > 0 and not math.isfinite(record.loss)
-        if diverged or not self._finite():
+        loss = record.loss if record.train_samples > 0 else None  # a task without samples has a NaN loss
+        if not self._finite(loss):  # one read of the device for the weights and the loss together
             self._contain(ctx, record, accounting, evaluate)
             return
         self._save_optimizer_state(ctx)
         t._call("on_client_train_end", node)
-        if not self._finite():  # a callback's change (e.g. pruning) made it non-finite
+        if self._changes_after_training() and not self._finite():  # a callback's change (e.g. pruning)
             self._contain(ctx, record, accounting, evaluate)
             return
         if evaluate:  # the model the node publishes (after pruning, if a callback pruned)
@@ -153,9 +155,19 @@ class SerialExecutor:
 
     # -- faults ----------------------------------------------------------------------------
     @torch.no_grad()
-    def _finite(self) -> bool:
-        """Whether every worker weight and buffer is finite."""
-        return all(bool(torch.isfinite(t).all()) for t in self.trainer.worker.values())
+    def _finite(self, loss: Tensor | float | None = None) -> bool:
+        """Whether every worker weight and buffer (and ``loss``, when given) is finite: one host
+        synchronisation for all of them."""
+        if loss is not None and not isinstance(loss, Tensor) and not math.isfinite(loss):
+            return False
+        checks = [torch.isfinite(t).all() for t in self.trainer.worker.values()]
+        if isinstance(loss, Tensor):
+            checks.append(torch.isfinite(loss))
+        return bool(torch.stack(checks).all()) if checks else True
+
+    def _changes_after_training(self) -> bool:
+        """Whether a callback may change the trained worker before it is published (``on_client_train_end``)."""
+        return any(defined_hooks(c, ("on_client_train_end",)) for c in self.trainer.callbacks)
 
     def _contain(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting, evaluate: bool) -> None:
         """A non-finite update is discarded: the node publishes its start-of-round model with its mask,

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from lightning_dfl.deferred import accumulator_dtype
+
 if TYPE_CHECKING:
     from lightning_dfl.federation.algorithms.base import Algorithm
     from lightning_dfl.federation.context import TaskContext
@@ -42,22 +44,25 @@ def _batches(ctx: TaskContext) -> Iterator[tuple[int, int, Any]]:
         epoch += 1
 
 
-def train_locally(algorithm: Algorithm, ctx: TaskContext) -> float:
-    """Run the local loop; return the mean training loss per sample (NaN when no sample; not
-    finite when training diverged: the executor then discards the update)."""
+def train_locally(algorithm: Algorithm, ctx: TaskContext) -> Tensor | float:
+    """Run the local loop; return the mean training loss per sample as a 0-dim tensor on the worker's
+    device, not waited for (:mod:`lightning_dfl.deferred`; NaN when no sample; not finite when training
+    diverged: the executor then discards the update)."""
     module, optimizer = ctx.module, ctx.optimizer
     module.train()
-    loss_sum, count = 0.0, 0
+    loss_sum: Tensor | None = None
+    count = 0
     for _, batch_idx, batch in _batches(ctx):
         ctx.call("on_train_batch_start", batch, batch_idx)
         closure = _closure(algorithm, ctx, batch)
         loss = algorithm.optimizer_step(ctx, closure)  # the closure zeroes the gradients first
         ctx.call("on_train_batch_end", loss.detach(), batch, batch_idx)
         n = int(batch[1].shape[0])
-        loss_sum += float(loss.detach()) * n
+        weighted = loss.detach().to(accumulator_dtype(loss.device)) * n
+        loss_sum = weighted if loss_sum is None else loss_sum + weighted
         count += n
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum / count if count else float("nan")
+    return loss_sum / count if loss_sum is not None and count else float("nan")
 
 
 def _closure(algorithm: Algorithm, ctx: TaskContext, batch: Any) -> Callable[[], Tensor]:

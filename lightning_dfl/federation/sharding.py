@@ -136,6 +136,7 @@ class ShardedExecutor(SerialExecutor):
                     obj.shard_apply(delta)
         self.trainer.current_client = None
         shares: list[Any] = [None] * self.world_size
+        mine.read_device_values()  # numbers, not device tensors, travel between processes
         dist.all_gather_object(shares, (mine.records, mine.log), group=self.group)
         diag = getattr(self.trainer, "diag", None)
         for rank, (records, log) in enumerate(shares):

@@ -1,4 +1,4 @@
-"""Per-client state kept off the worker, as one stacked tensor per parameter.
+r"""Per-client state kept off the worker, as one stacked tensor per parameter.
 
 Every node (client, or the server of a centralized baseline) publishes one model per round: its
 weights and the mask they were trained with. Readers within a round may need the model a node
@@ -18,6 +18,14 @@ the one place a checkpoint (and later a shard) needs, and callbacks keep no per-
 This is the dense store (``FederatedTrainer(store="dense")``, the default);
 :class:`~lightning_dfl.federation.compact_state.CompactClientStore` (``store="compact"``) has the
 same API and results and keeps each node's active values plus packed mask bits.
+
+The store lives on one device (``store.device``: the CPU, or the worker's GPU; see
+:func:`~lightning_dfl.federation.store_memory.resolve_store_device`). Every tensor given to it (weights,
+masks, field values, a checkpoint's tensors) may be on any device and is copied onto the store's where it
+enters; what it hands out (views, rebuilt tensors) is on the store's device; its ``state_dict`` holds CPU
+tensors. A CPU store serving a GPU worker may be pinned (``pin_memory``): its copies from and to the worker
+then run asynchronously (:func:`~lightning_dfl.transfers.copy_all_`), each finished when the
+store's method returns.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_dfl.sparse.masks import Masks, zero_inactive_
+from lightning_dfl.sparse.masks import Masks, active_counts, zero_inactive_
+from lightning_dfl.transfers import copy_all_
 
 # -- declared per-client fields ---------------------------------------------------------------
 
@@ -85,17 +94,19 @@ class ClientStore:
         num_nodes: clients plus servers.
         device: where the stacked tensors live (CPU by default).
         fields: per-node values declared by the algorithm and the callbacks.
+        pin_memory: a CPU store's tensors are allocated in pinned memory (for a GPU worker: asynchronous
+            copies); ignored on another device.
     """
 
     def __init__(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
-                 device: torch.device | str = "cpu", fields: Iterable[StateField] = ()) -> None:
-        self._init_layout(template, masked_names, num_nodes, device)
-        self.weights = {n: torch.zeros((2, num_nodes, *t.shape), dtype=t.dtype, device=self.device)
-                        for n, t in template.items()}
-        self.published_masks = {n: torch.ones((2, num_nodes, *template[n].shape), dtype=torch.bool,
-                                              device=self.device) for n in masked_names}
-        self.masks = {n: torch.ones((num_nodes, *template[n].shape), dtype=torch.bool, device=self.device)
-                      for n in masked_names}
+                 device: torch.device | str = "cpu", fields: Iterable[StateField] = (),
+                 pin_memory: bool = False) -> None:
+        self._init_layout(template, masked_names, num_nodes, device, pin_memory)
+        where = self._where()
+        self.weights = {n: torch.zeros((2, num_nodes, *t.shape), dtype=t.dtype, **where) for n, t in template.items()}
+        self.published_masks = {n: torch.ones((2, num_nodes, *template[n].shape), dtype=torch.bool, **where)
+                                for n in masked_names}
+        self.masks = {n: torch.ones((num_nodes, *template[n].shape), dtype=torch.bool, **where) for n in masked_names}
         self.slot = torch.zeros(num_nodes, dtype=torch.long)
         self.unmasked_size = sum(t.numel() for n, t in template.items() if n not in set(masked_names))
         # values each published model sends (active masked entries + unmasked entries), per slot
@@ -107,15 +118,27 @@ class ClientStore:
             self.declare(spec, template)
 
     def _init_layout(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
-                     device: torch.device | str) -> None:
+                     device: torch.device | str, pin_memory: bool = False) -> None:
         """The names, nodes and device every store backend has (the masked names checked)."""
         unknown = sorted(set(masked_names) - set(template))
         if unknown:
             raise ValueError(f"masked names not in the template: {unknown}")
         self.num_nodes = num_nodes
         self.device = torch.device(device)
+        #: whether the store's preallocated tensors are in pinned host memory
+        self.pin_memory = bool(pin_memory) and self.device.type == "cpu"
         self.names = list(template)
         self.masked_names = list(masked_names)
+
+    def _where(self) -> dict[str, Any]:
+        """The factory arguments of the store's preallocated tensors: its device, pinned if asked."""
+        return {"device": self.device, "pin_memory": True} if self.pin_memory else {"device": self.device}
+
+    def _cpu(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """``tensors`` for a checkpoint: themselves on the CPU, else copied to it."""
+        if self.device.type == "cpu":
+            return dict(tensors)
+        return {n: t.cpu() for n, t in tensors.items()}
 
     # -- declared fields ----------------------------------------------------------------
     def declare(self, spec: StateField, template: Mapping[str, Tensor]) -> None:
@@ -129,7 +152,7 @@ class ClientStore:
         else:
             parts = {"": (tuple(spec.shape), spec.dtype)}
         lead = (2, self.num_nodes) if spec.published else (self.num_nodes,)
-        self.fields[spec.name] = {part: torch.full((*lead, *shape), spec.fill, dtype=dtype, device=self.device)
+        self.fields[spec.name] = {part: torch.full((*lead, *shape), spec.fill, dtype=dtype, **self._where())
                                   for part, (shape, dtype) in parts.items()}
         self.field_specs[spec.name] = spec
 
@@ -159,17 +182,17 @@ class ClientStore:
 
     def _copy_parts(self, parts: dict[str, Tensor], node: int, slot: int | None,
                     value: Tensor | float | Mapping[str, Tensor], name: str) -> None:
+        """Copy ``value`` (on any device) into ``node``'s entries of a field (its ``slot`` if published)."""
         if isinstance(value, Mapping):
             missing = sorted(set(parts) - set(value))
             if missing:
                 raise ValueError(f"field {name!r}: no value for {missing}")
-            for part, t in parts.items():
-                (t[node] if slot is None else t[slot, node]).copy_(value[part])
+            copy_all_((t[node] if slot is None else t[slot, node], value[part]) for part, t in parts.items())
         else:
             if set(parts) != {""}:
                 raise ValueError(f"field {name!r} holds one tensor per parameter: pass a dict")
             target = parts[""][node] if slot is None else parts[""][slot, node]
-            target.copy_(torch.as_tensor(value, dtype=target.dtype, device=target.device))
+            copy_all_([(target, torch.as_tensor(value, dtype=target.dtype))])
 
     # -- slots --------------------------------------------------------------------------
     def _slot(self, node: int, fresh: bool) -> int:
@@ -197,13 +220,16 @@ class ClientStore:
     def initialize(self, node: int, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None) -> None:
         """Set a node's current model and mask before the first round (no slot flip)."""
         slot = int(self.slot[node])
-        for n in self.names:
-            self.weights[n][slot, node].copy_(weights[n])
-        for n in self.masked_names:
-            m = mask[n] if mask is not None else torch.ones_like(self.masks[n][node])
-            self.masks[n][node].copy_(m)
-            self.published_masks[n][slot, node].copy_(m)
-            zero_inactive_(self.weights[n][slot, node], m)
+        pairs = [(self.weights[n][slot, node], weights[n]) for n in self.names]
+        if mask is not None:
+            pairs += [(self.masks[n][node], mask[n]) for n in self.masked_names]
+        else:
+            for n in self.masked_names:
+                self.masks[n][node].fill_(True)
+        copy_all_(pairs)
+        for n in self.masked_names:  # the mask now on the store's device
+            self.published_masks[n][slot, node].copy_(self.masks[n][node])
+            zero_inactive_(self.weights[n][slot, node], self.masks[n][node])
         self.active[slot, node] = self._count(mask)
 
     @torch.no_grad()
@@ -214,10 +240,13 @@ class ClientStore:
         fields = self._check_publish(node, fields)
         current = int(self.slot[node])
         slot = 1 - current
-        for n in self.names:
-            self.weights[n][slot, node].copy_(weights[n])
-        for n in self.masked_names:
-            self.published_masks[n][slot, node].copy_(mask[n] if mask is not None else True)
+        pairs = [(self.weights[n][slot, node], weights[n]) for n in self.names]
+        if mask is not None:
+            pairs += [(self.published_masks[n][slot, node], mask[n]) for n in self.masked_names]
+        else:
+            for n in self.masked_names:
+                self.published_masks[n][slot, node].fill_(True)
+        copy_all_(pairs)
         self.active[slot, node] = self._count(mask)
         self._publish_fields(node, fields)
 
@@ -249,7 +278,7 @@ class ClientStore:
     def _count(self, mask: Mapping[str, Tensor] | None) -> int:
         if mask is None:
             return self.unmasked_size + self.masked_size()
-        return self.unmasked_size + sum(int(mask[n].count_nonzero()) for n in self.masked_names)
+        return self.unmasked_size + sum(active_counts({n: mask[n] for n in self.masked_names}).values())  # one read
 
     def task_views(self, node: int) -> list[Tensor]:
         """Views of everything ``node``'s task writes this round: the slot it publishes into (weights,
@@ -270,8 +299,7 @@ class ClientStore:
     @torch.no_grad()
     def set_mask(self, node: int, mask: Mapping[str, Tensor]) -> None:
         """Set the mask ``node`` trains with next."""
-        for n in self.masked_names:
-            self.masks[n][node].copy_(mask[n])
+        copy_all_((self.masks[n][node], mask[n]) for n in self.masked_names)
 
     # -- reads --------------------------------------------------------------------------
     def mask(self, node: int) -> Masks:
@@ -314,11 +342,13 @@ class ClientStore:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything the store holds (for checkpoints); call between rounds."""
+        """Everything the store holds, on the CPU (for checkpoints: the store's own tensors on a CPU, copies
+        from another device); call between rounds."""
         if self._written:
             raise RuntimeError("the store can be saved between rounds only")
-        return {"weights": self.weights, "published_masks": self.published_masks, "masks": self.masks,
-                "slot": self.slot, "active": self.active, "fields": self.fields}
+        return {"weights": self._cpu(self.weights), "published_masks": self._cpu(self.published_masks),
+                "masks": self._cpu(self.masks), "slot": self.slot, "active": self.active,
+                "fields": {name: self._cpu(parts) for name, parts in self.fields.items()}}
 
     @torch.no_grad()
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -331,9 +361,7 @@ class ClientStore:
         pairs = [(key, getattr(self, key), state[key]) for key in ("weights", "published_masks", "masks")]
         pairs += self._field_pairs(state)
         self._check_pairs(pairs)
-        for _, mine, theirs in pairs:
-            for n in mine:
-                mine[n].copy_(theirs[n])
+        copy_all_((mine[n], theirs[n]) for _, mine, theirs in pairs for n in mine)  # from any device
         self.slot.copy_(state["slot"])
         self.active.copy_(state["active"])
         self._written.clear()

@@ -21,11 +21,12 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import MixedPrecision
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 from torch import Tensor
 
+from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.accounting import RoundAccounting
@@ -41,10 +42,24 @@ from lightning_dfl.federation.diagnostics import AUTO_MAX_K, RunDiagnostics, che
 from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED, SerialExecutor
 from lightning_dfl.federation.interrupts import Interrupted, resume_command, stop_requests
+from lightning_dfl.federation.kernels import (
+    apply_matmul_precision,
+    apply_memory_format,
+    check_matmul_precision,
+    check_memory_format,
+    input_converter,
+    resolve_memory_format,
+)
 from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
 from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
 from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
-from lightning_dfl.federation.store_memory import check_store_fits
+from lightning_dfl.federation.store_memory import (
+    check_store_device,
+    check_store_fits,
+    pin_store_memory,
+    resolve_store_device,
+    store_bytes,
+)
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.sparse.masks import Masks
@@ -77,7 +92,12 @@ class FederatedTrainer:
             takes ``1 / speed`` time units; default all 1); a shortcut for ``clock=Clock(speeds=...)``.
         clock: the simulated clock (:class:`~lightning_dfl.federation.clock.Clock`: per-client compute
             times, fixed or drawn with per-round noise, and transfer times); default unit times.
-        store_device: where client states live (``"cpu"``, or ``"worker"`` for the worker's device).
+        store_device: where client states live: ``"auto"`` (the default) the worker's GPU when the store fits
+            in its free memory with a quarter of it (at least 2 GiB) left for training, else the CPU (on a CPU run,
+            always the CPU; the choice and its reason are logged on a GPU run); ``"cpu"``; ``"worker"`` the
+            worker's device. A CPU store serving a GPU worker is pinned when twice its size fits in the host's
+            available memory (asynchronous copies); see
+            :func:`~lightning_dfl.federation.store_memory.resolve_store_device`.
         store: the client store's backend: ``"dense"`` (two dense slots per node) or ``"compact"``
             (each node's active values plus packed mask bits, bit-identical results; see
             :mod:`~lightning_dfl.federation.compact_state`).
@@ -101,6 +121,15 @@ class FederatedTrainer:
         batched_clients: train each plan level's clients together with ``torch.func`` (stacked
             parameters, ``vmap``; :mod:`~lightning_dfl.federation.batched`): the same results up to
             float rounding, for the default local loop on models without BatchNorm or dropout.
+        memory_format: the layout of the worker's 4-D weights and input batches: ``"auto"`` (channels-last for
+            models with 2-D convolutions: faster kernels on CPUs and GPUs; float rounding differs from NCHW),
+            ``"channels_last"`` or ``"contiguous"`` (PyTorch's NCHW); :mod:`~lightning_dfl.federation.kernels`.
+        matmul_precision: float32 matmul precision: ``"auto"`` (``"high"``, TF32, on GPUs with tensor cores,
+            as Lightning recommends; unchanged elsewhere), or ``"highest"``, ``"high"``, ``"medium"`` (see
+            ``torch.set_float32_matmul_precision``; process-wide).
+        tune_allocator: when ``fit`` starts, keep freed activation buffers in the process's heap instead of
+            returning them to the OS after every batch (glibc's ``mallopt``; :mod:`lightning_dfl.allocator`):
+            ``True`` (default) or ``False`` to leave the allocator as it is. Process-wide; no effect off glibc.
     """
 
     is_federated = True
@@ -123,7 +152,7 @@ class FederatedTrainer:
         seed: int = 0,
         client_speeds: Sequence[float] | None = None,
         clock: Clock | None = None,
-        store_device: str = "cpu",
+        store_device: str = "auto",
         store: str = "dense",
         enable_progress_bar: bool = True,
         checkpoint_every: int = 0,
@@ -134,6 +163,9 @@ class FederatedTrainer:
         diagnostics: bool | str = "auto",
         diag_every: int = 1,
         batched_clients: bool = False,
+        memory_format: str = "contiguous",
+        matmul_precision: str = "auto",
+        tune_allocator: bool = True,
     ) -> None:
         self.algorithm = algorithm if algorithm is not None else DisPFL()
         if not isinstance(self.algorithm, Algorithm):
@@ -152,8 +184,7 @@ class FederatedTrainer:
         if strategy not in allowed:
             raise ValueError(f"strategy={strategy!r} with {world_size} process(es): each process trains its own "
                              f"clients with one worker; allowed: {', '.join(repr(a) for a in allowed)}")
-        if store_device not in ("cpu", "worker"):
-            raise ValueError(f"store_device must be 'cpu' or 'worker', got {store_device!r}")
+        check_store_device(store_device)
         self.store_kind = check_store_kind(store)
         self.checkpoint_every = check_int("checkpoint_every (0: never)", checkpoint_every, 0)
         self.cpu_threads = None if cpu_threads is None else check_int("cpu_threads", cpu_threads, 1)
@@ -177,6 +208,11 @@ class FederatedTrainer:
             raise ValueError("batched_clients trains a level's clients together in one process; it cannot be "
                              f"combined with {world_size} processes yet: use devices=1, or batched_clients=False")
         self.batched_clients = batched_clients
+        if not isinstance(tune_allocator, bool):
+            raise ValueError(f"tune_allocator must be True or False, got {tune_allocator!r}")
+        self.tune_allocator = tune_allocator
+        self.memory_format = check_memory_format(memory_format)
+        self.matmul_precision = check_matmul_precision(matmul_precision)
         self.diagnostics = check_diagnostics(diagnostics)
         self.diag_every = check_int("diag_every", diag_every, 1)
         #: the run's diagnostics collector (set up in fit when diagnostics are on)
@@ -293,21 +329,31 @@ class FederatedTrainer:
             self.fabric.strategy.precision.convert_module(model).to(self.fabric.device)
         else:
             self.fabric.setup_module(model)  # device placement and the precision's dtype
+        memory_format = resolve_memory_format(self.memory_format, model.model)
+        apply_memory_format(model.model, memory_format)
+        apply_matmul_precision(self.matmul_precision, self.fabric.device)
         model.mask.to(self.fabric.device)
         self.optimizer = self.fabric.setup_optimizers(self.algorithm.make_optimizer(model))
         if self.batched_clients:
             self.executor = batched_executor(self)
         # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
         plugin = self.fabric.strategy.precision
-        self.convert_input = None if isinstance(plugin, MixedPrecision) else plugin.convert_input
+        self.convert_input = input_converter(None if isinstance(plugin, MixedPrecision) else plugin.convert_input,
+                                             memory_format)
         self.worker = {n: t for n, t in model.model.state_dict(keep_vars=False).items() if t.is_floating_point()}
-        store_device = "cpu" if self.store_device == "cpu" else self.fabric.device
         num_nodes = num_clients + self.algorithm.num_servers
         self.clock.setup(num_clients, self.algorithm.num_servers, self.seed)
-        check_store_fits(self.store_kind, self.worker, list(model.mask.masks), num_nodes, model.mask.density(),
-                         store_device, processes=self.fabric.world_size // self._fabric_kwargs["num_nodes"])
-        self.store = store_class(self.store_kind)(self.worker, list(model.mask.masks), num_nodes,
-                                                  device=store_device, fields=self._state_fields(model))
+        masked, fields, processes = list(model.mask.masks), self._state_fields(model), \
+            self.fabric.world_size // self._fabric_kwargs["num_nodes"]
+        estimate = store_bytes(self.store_kind, self.worker, masked, num_nodes, model.mask.density(), fields)
+        store_device, reason = resolve_store_device(self.store_device, self.fabric.device, estimate)
+        if self.store_device == "auto" and self.fabric.device.type != "cpu":
+            rank_zero_info(f"Client store on {store_device}: {reason}")
+        check_store_fits(self.store_kind, self.worker, masked, num_nodes, model.mask.density(), store_device,
+                         processes=processes)
+        self.store = store_class(self.store_kind)(self.worker, masked, num_nodes, device=store_device, fields=fields,
+                                                  pin_memory=pin_store_memory(store_device, self.fabric.device,
+                                                                              estimate, processes))
         for node, mask in enumerate(self._initial_masks(model, num_clients, num_nodes)):
             self.store.initialize(node, self.worker, mask)
         self.sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
@@ -367,6 +413,8 @@ class FederatedTrainer:
     def fit(self, model: SparseClassifier, datamodule: FederatedDataModule,
             ckpt_path: str | None = None) -> RunSummary:
         """Run all rounds (from ``ckpt_path``'s next round when given); return and print the summary."""
+        if self.tune_allocator:  # before the data and the store are allocated
+            tune_allocator()
         if ckpt_path is not None:
             check_file(ckpt_path)  # a missing or damaged file fails before any set-up
         self._setup(model, datamodule)
@@ -484,6 +532,7 @@ class FederatedTrainer:
                 self.diag.observe(plan)
             timings.append((self.clock.round_metrics(plan, durations, accounting.edge_bytes),
                             any(t.train for t in plan.tasks)))
+        accounting.read_device_values()  # the round's losses and accuracies, read from the device at once
         failed = sorted(r.client for r in accounting.records if r.nonfinite)
         if failed and len(failed) == len(accounting.records):
             raise FloatingPointError(

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from lightning_dfl.transfers import copy_all_
+
 Masks = dict[str, Tensor]
 
 #: Layer types whose ``weight`` is maskable by default (biases and norm layers stay dense).
@@ -41,16 +43,29 @@ def maskable_parameters(
 def zero_inactive_(tensor: Tensor, mask: Tensor) -> Tensor:
     """``tensor`` times ``mask`` in place, with plain ``+0.0`` at the inactive entries (a bare product leaves
     ``-0.0`` where a negative value was masked; adding ``0.0`` clears that sign and changes nothing else), so
-    that a pruned weight is stored as a plain zero (the compact client store then needs no sign bits)."""
+    that a pruned weight is stored as a plain zero (the compact client store then needs no sign bits). A mask
+    on another device than ``tensor`` is copied to its device first."""
+    if mask.device != tensor.device:
+        mask = mask.to(tensor.device)
     return tensor.mul_(mask).add_(0.0)
 
 
-def density(masks: Mapping[str, Tensor]) -> float:
-    """Share of active entries over all masked entries."""
+def active_counts(masks: Mapping[str, Tensor]) -> dict[str, int]:
+    """Active entries per mask, read from the device in one transfer (one host synchronisation for all
+    layers, not one per layer)."""
+    if not masks:
+        return {}
+    counts = torch.stack([m.count_nonzero() for m in masks.values()]).tolist()
+    return dict(zip(masks, counts))
+
+
+def density(masks: Mapping[str, Tensor], counts: Mapping[str, int] | None = None) -> float:
+    """Share of active entries over all masked entries (``counts``: the masks' :func:`active_counts`,
+    when already read)."""
     total = sum(m.numel() for m in masks.values())
     if total == 0:
         return 1.0
-    return float(sum(int(m.count_nonzero()) for m in masks.values())) / total
+    return float(sum((active_counts(masks) if counts is None else counts).values())) / total
 
 
 def sparsity(masks: Mapping[str, Tensor]) -> float:
@@ -60,7 +75,7 @@ def sparsity(masks: Mapping[str, Tensor]) -> float:
 
 def count_active(masks: Mapping[str, Tensor]) -> int:
     """Number of active entries over all masks."""
-    return sum(int(m.count_nonzero()) for m in masks.values())
+    return sum(active_counts(masks).values())
 
 
 class ModelMask:
@@ -148,11 +163,11 @@ class ModelMask:
     # -- state ---------------------------------------------------------------------------
     @torch.no_grad()
     def load_(self, masks: Mapping[str, Tensor], apply: bool = True) -> None:
-        """Copy ``masks`` into this mask in place; zero newly inactive weights if ``apply``."""
+        """Copy ``masks`` (on any device) into this mask in place; zero newly inactive weights if ``apply``.
+        From a client store in pinned memory the copies run asynchronously, all done when this returns."""
         if set(masks) != set(self.masks):
             raise ValueError(f"expected masks for {sorted(self.masks)}, got {sorted(masks)}")
-        for name, mask in masks.items():
-            self.masks[name].copy_(mask)
+        copy_all_((self.masks[name], mask) for name, mask in masks.items())
         self._cast.clear()
         if apply:
             self.apply_()

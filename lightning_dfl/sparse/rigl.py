@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dfl.checks import check_int, is_number
-from lightning_dfl.sparse.masks import Masks, ModelMask
+from lightning_dfl.sparse.masks import Masks, ModelMask, active_counts
 from lightning_dfl.sparse.select import largest_k_mask, smallest_k_mask
 
 #: Regrowth criteria: ``"gradient"`` (RigL, by |dense gradient|) or ``"random"`` (SET-like).
@@ -65,15 +65,17 @@ def _check_drop_fraction(drop_fraction: float) -> None:
         raise ValueError(f"drop_fraction must lie in [0, 1], got {drop_fraction!r}")
 
 
-def _layer_update(weight: Tensor, mask: Tensor, k: int, score: Tensor | None,
+def _layer_update(weight: Tensor, mask: Tensor, k: int, active: int, score: Tensor | None,
                   generator: torch.Generator | None) -> Tensor:
-    """Drop ``k`` smallest-|w| active entries, regrow ``k`` inactive ones (by score, else random).
+    """Drop ``k`` smallest-|w| active entries, regrow ``k`` inactive ones (by score, else random);
+    ``active`` is the mask's number of active entries.
 
     Works on whole layers with sentinels (inactive entries rank last for dropping, kept ones last
-    for regrowth) instead of gathering index lists: a few linear passes per layer.
+    for regrowth) instead of gathering index lists: a few linear passes per layer, and no read of the
+    device's values (the random candidates' count is ``n - active + k``).
     """
     flat = mask.reshape(-1)
-    if k == 0 or bool(flat.all()):  # a dense layer regrows exactly what it dropped
+    if k == 0 or active == flat.numel():  # a dense layer regrows exactly what it dropped
         return flat.clone().view_as(mask)
     magnitude = torch.nan_to_num(weight.detach().reshape(-1).to(flat.device).abs(), nan=0.0)
     dropped = smallest_k_mask(magnitude.masked_fill(~flat, math.inf), k)
@@ -82,9 +84,10 @@ def _layer_update(weight: Tensor, mask: Tensor, k: int, score: Tensor | None,
         ranked = torch.nan_to_num(score.detach().reshape(-1).to(flat.device).abs(), nan=0.0)
         grown = largest_k_mask(ranked.masked_fill(kept, -math.inf), k)
     else:
-        candidates = (~kept).nonzero().squeeze(1)  # includes the just-dropped entries
+        num_candidates = flat.numel() - active + k  # the inactive entries and the just-dropped ones
+        candidates = torch.nonzero_static(~kept, size=num_candidates).squeeze(1)
         device = generator.device if generator is not None else torch.device("cpu")
-        pick = torch.randperm(candidates.numel(), generator=generator, device=device)[:k]
+        pick = torch.randperm(num_candidates, generator=generator, device=device)[:k]
         grown = torch.zeros_like(kept)
         grown[candidates[pick.to(flat.device)]] = True
     return (kept | grown).view_as(mask)
@@ -135,11 +138,11 @@ def rigl_masks(
                              f"its mask {tuple(mask.shape)}")
 
     new: Masks = {}
-    for name, mask in masks.items():
-        mask = mask.detach() != 0
-        k = num_dropped(float(drop_fraction), int(mask.count_nonzero()))
+    binary = {name: mask.detach() != 0 for name, mask in masks.items()}
+    for name, active in active_counts(binary).items():  # every layer's count in one read
+        k = num_dropped(float(drop_fraction), active)
         score = scores[name] if mode == "gradient" else None
-        new[name] = _layer_update(weights[name], mask, k, score, generator)
+        new[name] = _layer_update(weights[name], binary[name], k, active, score, generator)
     return new
 
 

@@ -14,7 +14,7 @@ from torch import Tensor
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.context import RoundContext, TaskContext
-from lightning_dfl.federation.evaluation import accuracy
+from lightning_dfl.federation.evaluation import deferred_accuracy
 from lightning_dfl.federation.local import train_locally
 from lightning_dfl.federation.messages import MaskedCodec, Message, gather_messages
 from lightning_dfl.federation.plan import RoundPlan, Source
@@ -160,10 +160,11 @@ class Algorithm:
         ctx.optimizer.step()
         return loss
 
-    def evaluate(self, ctx: TaskContext, stage: str) -> float | None:
+    def evaluate(self, ctx: TaskContext, stage: str) -> float | Tensor | None:
         """The accuracy logged for the node at ``stage`` (``"aggregated"``: before training, after
-        aggregation; ``"trained"``: the model it publishes). Default: the worker on its test set."""
-        return accuracy(ctx.module, ctx.fabric, ctx.test_batches())
+        aggregation; ``"trained"``: the model it publishes). Default: the worker on its test set, as a
+        0-dim device tensor that the round reads with the others at its end (a float works too)."""
+        return deferred_accuracy(ctx.module, ctx.fabric, ctx.test_batches())
 
     def publish_fields(self, ctx: TaskContext) -> dict[str, Any]:
         """Values of published state fields the node sends with its model this round."""

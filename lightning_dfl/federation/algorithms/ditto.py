@@ -147,7 +147,7 @@ class Ditto(FedAvg):
             loss = loss + self.lam / 2 * sum((p - anchor[n]).pow(2).sum() for n, p in params)
         return loss
 
-    def evaluate(self, ctx: TaskContext, stage: str) -> float | None:
+    def evaluate(self, ctx: TaskContext, stage: str) -> float | Tensor | None:
         """``"aggregated"``: w^t; ``"trained"``: the client's new v_i (all K are scored at the round's end)."""
         if stage != "trained":
             return super().evaluate(ctx, stage)

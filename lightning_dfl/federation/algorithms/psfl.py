@@ -245,7 +245,7 @@ class PSFL(Algorithm):
             self._b.append(self._grad_sq / self._grad_count - sum(float(v.square().sum()) for v in mean.values()))
             lr = ctx.module.lr_at(ctx.round_idx)
             for k, g in mean.items():
-                new[k].sub_(g.to(new[k].dtype), alpha=lr)
+                new[k].sub_(g.to(new[k].device, new[k].dtype), alpha=lr)  # the store may be on another device
         self._grad_sum, self._grad_sq, self._grad_count = None, 0.0, 0
         return new
 

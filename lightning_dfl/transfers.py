@@ -1,0 +1,53 @@
+"""Copies between host and device memory that overlap where they can and are all done when they return.
+
+A copy between pinned (page-locked) host memory and a CUDA device can be queued (``non_blocking=True``)
+while the host goes on; :func:`copy_all_` queues every such copy of a batch and waits for them once, so
+that no caller reads a destination or overwrites a source before its copy is done. The client store
+(:mod:`lightning_dfl.federation.state`) and the worker's mask (:mod:`lightning_dfl.sparse.masks`) copy
+through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+#: device types whose copies from and to pinned host memory run asynchronously
+ASYNC_DEVICE_TYPES = ("cuda",)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device``'s current stream (the asynchronous copies among it)."""
+    getattr(torch, device.type).current_stream(device).synchronize()
+
+
+def _asynchronous(dst: Tensor, src: Tensor) -> torch.device | None:
+    """The accelerator of a copy that may run asynchronously (between pinned host memory and a CUDA device),
+    else ``None``."""
+    if dst.device.type == "cpu" and src.device.type in ASYNC_DEVICE_TYPES and dst.is_pinned():
+        return src.device
+    if src.device.type == "cpu" and dst.device.type in ASYNC_DEVICE_TYPES and src.is_pinned():
+        return dst.device
+    return None
+
+
+def copy_all_(pairs: Iterable[tuple[Tensor, Tensor]]) -> None:
+    """``dst.copy_(src)`` for every pair, each finished when this returns.
+
+    A copy between pinned host memory and a GPU (either way) is queued with ``non_blocking=True`` and the
+    GPU's stream is synchronized once after the last: the copies overlap, and no caller reads a destination
+    or overwrites a source (a pinned one the host could change) before its copy is done. Every other copy is
+    ``copy_``'s ordinary one (synchronous across devices; on one CPU, unchanged).
+    """
+    pending: set[torch.device] = set()
+    for dst, src in pairs:
+        device = _asynchronous(dst, src) if dst.device != src.device else None
+        if device is None:
+            dst.copy_(src)
+        else:
+            dst.copy_(src, non_blocking=True)
+            pending.add(device)
+    for device in pending:
+        synchronize(device)

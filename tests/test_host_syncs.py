@@ -1,0 +1,145 @@
+"""A task never waits for the device per batch or per layer: losses, accuracies, densities and FLOPs stay on
+the device until the round reads them together (``lightning_dfl.deferred``).
+
+On a CPU nothing waits, so the accelerators' paths are taken on the CPU (``device_paths_on_cpu``) and every
+host read of a tensor's value (``item``, ``bool``, ``float``, ``int``, ``tolist``, ``numpy``, ``nonzero``) is
+counted, as a GPU would wait at each. They must also give the very results of the CPU's paths.
+"""
+
+import collections
+import traceback
+
+import pytest
+import torch
+
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.deferred import device_paths_on_cpu, read_values
+from lightning_dfl.federation.algorithms import DisPFL
+from lightning_dfl.federation.executor import SerialExecutor
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+from lightning_dfl.sparse.rigl import rigl_masks
+from lightning_dfl.sparse.select import smallest_k_mask
+
+#: tensor methods that read a value on the host (a GPU waits for its queue at each)
+_READS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy", "nonzero")
+
+
+class HostReads:
+    """Counts host reads of tensor values while ``active``, by the project line that made them."""
+
+    def __init__(self, monkeypatch):
+        self.active = False
+        self.where = collections.Counter()
+        for name in _READS:
+            monkeypatch.setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name), name))
+        monkeypatch.setattr(torch, "nonzero", self._counting(torch.nonzero, "torch.nonzero"))
+
+    def _counting(self, original, name):
+        def counted(*args, **kwargs):
+            if self.active and not self._on_host(args[0] if args else None):
+                frames = [f for f in traceback.extract_stack()[:-1] if "lightning_dfl" in f.filename
+                          or "callbacks" in f.filename or "datamodules" in f.filename]
+                where = f"{frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].lineno}" if frames else "?"
+                self.where[(name, where)] += 1
+            return original(*args, **kwargs)
+
+        return counted
+
+    #: storages that live on the host whatever the device (the store's slot and value-count bookkeeping)
+    host_storages: set = set()
+
+    def _on_host(self, tensor) -> bool:
+        return isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() in self.host_storages
+
+    @property
+    def total(self) -> int:
+        return sum(self.where.values())
+
+
+def _fit(tmp_path, batch_size=16, rounds=2, count=None):
+    """A DisPFL run on digits (random regrowth); with ``count``, the host reads of client 1's round-1 task."""
+    dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=batch_size, test_samples_per_client=40)
+    trainer = FederatedTrainer(DisPFL(num_neighbors=2, regrowth="random"), rounds=rounds, local_epochs=1,
+                               accelerator="cpu", logger=False, enable_progress_bar=False, diagnostics=False,
+                               default_root_dir=str(tmp_path))
+    if count is not None:
+        run_task = SerialExecutor.run_task
+
+        def counted_task(executor, task, *args, **kwargs):
+            store = executor.trainer.store
+            count.host_storages = {store.slot.untyped_storage().data_ptr(), store.active.untyped_storage().data_ptr()}
+            count.active = executor.trainer.current_round == 1 and task.node == 1
+            try:
+                return run_task(executor, task, *args, **kwargs)
+            finally:
+                count.active = False
+
+        SerialExecutor.run_task = counted_task
+        try:
+            trainer.fit(SparseClassifier("cnn_digits", density=0.5), dm)
+        finally:
+            SerialExecutor.run_task = run_task
+    else:
+        trainer.fit(SparseClassifier("cnn_digits", density=0.5), dm)
+    return trainer
+
+
+def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypatch, tmp_path):
+    counts = {}
+    for batch_size in (64, 8):  # 4-5 vs 30+ training batches, 1 vs 1 evaluation batch
+        reads = HostReads(monkeypatch)
+        with device_paths_on_cpu():
+            _fit(tmp_path, batch_size=batch_size, count=reads)
+        counts[batch_size] = reads
+    few, many = counts[64], counts[8]
+    assert few.total == many.total, (few.where, many.where)  # nothing per batch
+    # what is left, one read each: the finite check before publishing (containment branches on it), RigL's
+    # active counts of every layer (its drop counts), and the count of values the published model holds
+    # (the bytes of the messages that carry it)
+    assert sorted(where.split(":")[0] for (_, where), n in many.where.items() for _ in range(n)) == [
+        "executor.py", "masks.py", "masks.py"], many.where
+
+
+def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path):
+    plain = _fit(tmp_path / "plain")
+    with device_paths_on_cpu():
+        device = _fit(tmp_path / "device")
+    strip = [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in plain.history]
+    assert strip == [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in device.history]
+    for node in range(4):
+        a, b = plain.store.state(node), device.store.state(node)
+        for part in ("weights", "mask", "published_mask"):
+            for name, tensor in getattr(a, part).items():
+                assert torch.equal(tensor, getattr(b, part)[name]), (node, part, name)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 7, 10])
+def test_selection_by_stable_sort_equals_the_host_selection(k):
+    values = torch.tensor([3.0, float("nan"), 1.0, 1.0, 2.0, 1.0, -4.0, 1.0, float("nan"), 0.5])
+    host = smallest_k_mask(values, k)
+    with device_paths_on_cpu():
+        assert torch.equal(smallest_k_mask(values, k), host)
+    assert int(host.sum()) == k
+    if k == 3:  # -4, 0.5 and the first of the four 1.0s (ties by position)
+        assert host.nonzero().flatten().tolist() == [2, 6, 9]
+
+
+def test_random_regrowth_on_the_device_path_draws_the_same_masks():
+    torch.manual_seed(0)
+    weights = {"w": torch.randn(6, 5), "v": torch.randn(40)}
+    masks = {"w": torch.rand(6, 5) < 0.5, "v": torch.rand(40) < 0.3}
+    host = rigl_masks(weights, masks, 0.4, mode="random", generator=torch.Generator().manual_seed(1))
+    with device_paths_on_cpu():
+        device = rigl_masks(weights, masks, 0.4, mode="random", generator=torch.Generator().manual_seed(1))
+    for name in masks:
+        assert torch.equal(host[name], device[name])
+        assert int(host[name].sum()) == int(masks[name].sum())  # RigL keeps each layer's density
+
+
+def test_read_values_reads_tensors_and_keeps_numbers():
+    values = [torch.tensor(3, dtype=torch.int64), 0.25, None, torch.tensor(0.1, dtype=torch.float64), float("nan")]
+    out = read_values(values)
+    assert out[:4] == [3.0, 0.25, None, 0.1]
+    assert out[4] != out[4]  # NaN kept
+    assert all(not isinstance(v, torch.Tensor) for v in out)
