@@ -72,7 +72,8 @@ _CHOICES = {
     "clock_distribution": ("lightning_dfl.federation.clock", "DISTRIBUTIONS"),
     "update_interval": ("lightning_dfl.callbacks.rigl", "UPDATE_INTERVALS"),
 }
-_FIXED_CHOICES = {"store_device": ["auto", "cpu", "worker"], "logger": ["true", "false", "csv", "tensorboard"],
+_FIXED_CHOICES = {"memory_format": ["auto", "channels_last", "contiguous"],
+                  "matmul_precision": ["auto", "highest", "high", "medium"], "store_device": ["auto", "cpu", "worker"], "logger": ["true", "false", "csv", "tensorboard"],
                   "store": ["dense", "compact"], "diagnostics": ["auto", "true", "false"], "between": ["dirichlet", "pathological"]}
 
 
@@ -104,7 +105,8 @@ def _option_kind(dest: str) -> str | None:
         return last
     if dest in ("trainer.store", "trainer.diagnostics", "data.between"):
         return last
-    return last if last in ("dataset", "partition", "topology", "regrowth", "store_device", "update_interval") else None
+    return last if last in ("dataset", "partition", "topology", "regrowth", "store_device", "update_interval",
+                            "memory_format", "matmul_precision") else None
 
 
 def plain_text(text: str) -> str:

@@ -163,7 +163,7 @@ class FederatedTrainer:
         diagnostics: bool | str = "auto",
         diag_every: int = 1,
         batched_clients: bool = False,
-        memory_format: str = "contiguous",
+        memory_format: str = "auto",
         matmul_precision: str = "auto",
         tune_allocator: bool = True,
     ) -> None:

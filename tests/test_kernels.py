@@ -1,0 +1,90 @@
+"""The worker's kernels: memory format of its weights and batches, float32 matmul precision."""
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.algorithms import DisPFL
+from lightning_dfl.federation.kernels import (
+    apply_matmul_precision,
+    apply_memory_format,
+    input_converter,
+    resolve_memory_format,
+)
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.models import build_model
+from lightning_dfl.module import SparseClassifier
+
+
+def test_auto_lays_out_convolutional_models_channels_last_and_leaves_others():
+    cnn = build_model("cnn_cifar", num_classes=10, in_channels=3, image_size=32)
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    assert resolve_memory_format("auto", cnn) is torch.channels_last
+    assert resolve_memory_format("auto", mlp) is torch.contiguous_format
+    assert resolve_memory_format("contiguous", cnn) is torch.contiguous_format
+    assert resolve_memory_format("channels_last", mlp) is torch.channels_last
+
+
+def test_apply_memory_format_keeps_the_parameter_objects():
+    cnn = build_model("cnn_cifar", num_classes=10, in_channels=3, image_size=32)
+    before = {n: p for n, p in cnn.named_parameters()}
+    apply_memory_format(cnn, torch.channels_last)
+    conv = cnn.get_parameter(next(n for n, p in before.items() if p.dim() == 4))
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert all(p is before[n] for n, p in cnn.named_parameters())  # masks and optimizers stay bound
+
+
+def test_the_input_converter_lays_out_images_and_keeps_labels():
+    x, y = torch.randn(4, 3, 8, 8), torch.arange(4)
+    convert = input_converter(None, torch.channels_last)
+    cx, cy = convert((x, y))
+    assert cx.is_contiguous(memory_format=torch.channels_last) and torch.equal(cx, x) and cy is y
+    assert input_converter(None, torch.contiguous_format) is None
+    double = input_converter(lambda batch: (batch[0].double(), batch[1]), torch.channels_last)
+    dx, _ = double((x, y))
+    assert dx.dtype == torch.float64 and dx.is_contiguous(memory_format=torch.channels_last)
+    flat = torch.randn(4, 12)
+    assert convert((flat, y))[0] is flat  # only 4-D images change layout
+
+
+@pytest.mark.parametrize("option, bad", [("memory_format", "nhwc"), ("matmul_precision", "tf32")])
+def test_bad_values_are_refused_naming_the_allowed_ones(option, bad):
+    with pytest.raises(ValueError, match=f"{option} must be one of .*got '{bad}'"):
+        FederatedTrainer(DisPFL(), **{option: bad})
+
+
+def test_matmul_precision_auto_leaves_a_cpu_run_alone():
+    before = torch.get_float32_matmul_precision()
+    assert apply_matmul_precision("auto", torch.device("cpu")) is None
+    assert torch.get_float32_matmul_precision() == before
+    try:
+        assert apply_matmul_precision("medium", torch.device("cpu")) == "medium"
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def _fit(tmp_path, memory_format):
+    dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=32, test_samples_per_client=40)
+    trainer = FederatedTrainer(DisPFL(num_neighbors=2), rounds=3, local_epochs=1, accelerator="cpu", logger=False,
+                               enable_progress_bar=False, default_root_dir=str(tmp_path), seed=1,
+                               memory_format=memory_format)
+    model = SparseClassifier("cnn_digits", density=0.5, seed=1)
+    trainer.fit(model, dm)
+    return trainer, model
+
+
+def test_a_channels_last_run_trains_as_the_contiguous_one_up_to_rounding(tmp_path):
+    last, model = _fit(tmp_path / "cl", "auto")
+    plain, _ = _fit(tmp_path / "nchw", "contiguous")
+    conv = next(p for p in model.model.parameters() if p.dim() == 4)
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    assert last.history[-1]["acc/personal_mean"] > 0.5  # learns (10 classes)
+    for a, b in zip(last.history, plain.history):
+        assert abs(a["acc/personal_mean"] - b["acc/personal_mean"]) <= 0.05
+        assert a["density/mean"] == b["density/mean"]
+    weights = [last.store.state(k).weights for k in range(4)], [plain.store.state(k).weights for k in range(4)]
+    for mine, theirs in zip(*weights):
+        for name in mine:
+            torch.testing.assert_close(mine[name], theirs[name], rtol=1e-3, atol=1e-3)
