@@ -120,7 +120,8 @@ class FederatedTrainer:
         diag_every: compute the diagnostics every this many rounds (the last always).
         batched_clients: train each plan level's clients together with ``torch.func`` (stacked
             parameters, ``vmap``; :mod:`~lightning_dfl.federation.batched`): the same results up to
-            float rounding, for the default local loop on models without BatchNorm or dropout.
+            float rounding, for the default local loop in 32-true or 64-true on models without dropout
+            (ResNet18, VGG11, the CNNs; BatchNorm's running statistics are stacked per client).
         memory_format: the layout of the worker's 4-D weights and input batches: ``"auto"`` (channels-last for
             models with 2-D convolutions: faster kernels on CPUs and GPUs; float rounding differs from NCHW),
             ``"channels_last"`` or ``"contiguous"`` (PyTorch's NCHW); :mod:`~lightning_dfl.federation.kernels`.
