@@ -62,6 +62,18 @@ MB = 1e6
 
 # --------------------------------------------------------------------------- one run
 
+def labelled(name: str, algorithm: Any) -> str:
+    """The table's name of a run: the method's name, with the settings that depart from the original
+    rule in brackets (``Algorithm.deviations``: "BEER (fresh minibatch)")."""
+    deviations = algorithm.deviations()
+    return f"{LABELS.get(name, name)} ({', '.join(deviations)})" if deviations else LABELS.get(name, name)
+
+
+def _row_label(name: str, rec: dict[str, Any]) -> str:
+    """A record's label (older records may hold the bare registry name)."""
+    return LABELS.get(name, name) if rec.get("label", name) == name else rec["label"]
+
+
 def cli_args(name: str, args: argparse.Namespace, partition: str, steps_per_epoch: int) -> list[str]:
     """The config and its overrides for one run."""
     rounds, extra = args.rounds, []
@@ -142,7 +154,7 @@ def run_one(name: str, args: argparse.Namespace, partition: str, spe: int,
         if values:
             finals[key] = {"final": values[-1], "best": max(values)}
     record: dict[str, Any] = {
-        "label": LABELS.get(name, name),
+        "label": labelled(name, trainer.algorithm),
         "class": type(trainer.algorithm).__name__,
         "overrides": argv[2:],
         "rounds_run": summary.rounds,
@@ -214,7 +226,7 @@ def render_markdown(data: dict[str, Any]) -> str:
                 continue
             ft = f" (+{rec['flops_finetune_total']:.2e} FT)" if rec.get("flops_finetune_total") else ""
             lines.append(
-                f"| {LABELS.get(a, rec['label'])} | {_metric_short(rec['headline_metric'])} | {_pct(rec['final_accuracy'])} | "
+                f"| {_row_label(a, rec)} | {_metric_short(rec['headline_metric'])} | {_pct(rec['final_accuracy'])} | "
                 f"{_pct(rec['best_accuracy'])} | {rec['busiest_mb_total']:.1f} | {rec['busiest_mb_per_round']:.3f} | "
                 f"{rec['flops_total']:.2e}{ft} | {rec['final_density']:.3f} | {rec['wall_time_s']:.0f} |")
         lines.append("")
@@ -232,7 +244,8 @@ def render_markdown(data: dict[str, Any]) -> str:
             for k in ("acc/subnetwork_mean", "acc/trained_mean"):
                 if k in accs:
                     other.append(f"{PARTITIONS[p]} {_metric_short(k)} {_pct(accs[k]['final'])}")
-        lines.append(f"| {LABELS.get(a, a)} | " + " | ".join(cells) + f" | {'; '.join(other) or '-'} |")
+        label = next((_row_label(a, data["results"][p][a]) for p in parts if a in data["results"][p]), LABELS.get(a, a))
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {'; '.join(other) or '-'} |")
     probes = data.get("probes", {})
     if probes:
         names = [n for n in PROBES if any(n in probes.get(p, {}) for p in parts)]
@@ -253,7 +266,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         "Each row's metric is its RunSummary headline (`acc/headline`). `personal_mean` is the mean over the "
         "clients that ran a task in the round: FedAvg(-FT), Ditto's global step, FedDST and SubFedAvg sample 5 "
         "of 20 clients a round (their configs' `clients_per_round`), so for FedAvg, FedDST and SubFedAvg it "
-        "scores only the last round's 5 trained clients; PSFL takes all 20 (N0 = 20).",
+        "scores only the last round's 5 trained clients (SubFedAvg's headline is `subnetwork_mean`, every "
+        "client); PSFL takes all 20 (N0 = 20). A label's brackets name settings that depart from the "
+        "original method's rule (BEER's fresh minibatch, GossipFL's ratio and local work per gossip).",
         "",
         "Units: MB = 10^6 bytes of values at the busiest node (max of download and upload over nodes, the server "
         "included), summed over the run (`busiest MB (run)`) and its mean per round (as Table II; BEER's rounds are "
@@ -288,8 +303,8 @@ def plot(data: dict[str, Any], path: Path) -> Path | None:
                 continue
             x = max(rec["busiest_mb_total"], 1e-2)  # Local sends nothing: drawn at the axis' floor
             ax.scatter(x, 100 * rec["final_accuracy"], marker=markers[i % len(markers)], s=55, color=f"C{i % 10}",
-                       label=f"{LABELS.get(a, rec['label'])} ({_metric_short(rec['headline_metric'])})")
-            ax.annotate(LABELS.get(a, rec["label"]), (x, 100 * rec["final_accuracy"]), textcoords="offset points", xytext=(4, 3),
+                       label=f"{_row_label(a, rec)} ({_metric_short(rec['headline_metric'])})")
+            ax.annotate(_row_label(a, rec), (x, 100 * rec["final_accuracy"]), textcoords="offset points", xytext=(4, 3),
                         fontsize=7)
         ax.set(xscale="log", xlabel="busiest-node MB over the run (log; Local at 0.01)",
                ylabel="final headline accuracy, %", title=f"digits {PARTITIONS[p]}, K={data['config']['clients']}, "

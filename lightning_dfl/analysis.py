@@ -152,7 +152,7 @@ def curves(runs: list[str] | None = None, metrics: list[str] = ["acc/headline", 
 
 
 def export(checkpoint: str, client: int = 0, out: str = "client.pt2", latency: bool = True, threads: int = 1,
-           batch_size: int = 1) -> str:
+           batch_size: int = 1, test_images: bool = True, data_root: str | None = None) -> str:
     """Export a client's channel-pruned model as a physically smaller network (PRISAM).
 
     Args:
@@ -160,14 +160,17 @@ def export(checkpoint: str, client: int = 0, out: str = "client.pt2", latency: b
             ``resnet20`` run; PRISAM's stored channel masks are used, else the channels whose BN scale and
             shift are all zero are dropped.
         client: the client whose published model is exported.
-        out: the ``.pt2`` file to write (``torch.export.load(out).module()`` runs it).
+        out: the ``.pt2`` file to write (``torch.export.load(out).module()`` runs it on any batch size).
         latency: also time the full and the exported model on the CPU (median of 50 after 10 warm-up).
         threads: CPU threads for the timing.
         batch_size: samples per timed forward.
+        test_images: also check the exported and the saved model against the masked one on the client's own
+            test images (the data rebuilt from the checkpoint's data settings); false: random inputs only.
+        data_root: the data's folder when it moved since the run (replaces the checkpoint's ``data.root``).
     """
     from lightning_dfl.export import export_client
 
-    text = export_client(checkpoint, client, out, latency, threads, batch_size).table()
+    text = export_client(checkpoint, client, out, latency, threads, batch_size, test_images, data_root).table()
     print(text)
     return text
 

@@ -88,3 +88,21 @@ def test_per_client_rows_are_written(tmp_path):
     rows = list(csv.DictReader((Path(cli.trainer.log_dir) / "clients.csv").open()))
     assert [int(r["client"]) for r in rows] == [0, 1, 2, 3]
     assert all(0.49 < float(r["density"]) < 0.51 and int(r["bytes_received"]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("config,label", [
+    ("beer_digits.yaml", "BEER (fresh minibatch)"),
+    ("beer_digits_same_batch.yaml", "BEER"),
+    ("gossipfl_digits.yaml", "GossipFL (ratio 0.5, 2 local epochs per gossip)"),
+    ("gossipfl_digits_original.yaml", "GossipFL"),
+])
+def test_non_original_settings_are_labelled_in_the_summary(tmp_path, config, label):
+    """BEER's fresh-minibatch difference and GossipFL's ratio 0.5 with epochs per gossip are working
+    settings, not the original rules: results name them (summary.json's label); a config ships each
+    original rule (optim/BEER.py's same minibatch; SAPS_FL's ratio 0.01 and one SGD step per gossip)."""
+    extra = ["--trainer.algorithm.init_args.num_neighbors=2"] if config.startswith("beer") else []
+    cli = FederatedCLI(args=["fit", "--config", str(CONFIGS / config), "--trainer.rounds=1", "--trainer.eval_every=1",
+                             f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",
+                             "--data.num_clients=4", *extra])
+    summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
+    assert summary["label"] == label == cli.trainer.algorithm.label()

@@ -133,3 +133,39 @@ def test_uniform_server_step_and_personal_models_of_all_clients():
 def test_arguments_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Ditto(**kwargs)
+
+
+def test_the_personal_anchor_is_the_rounds_received_global_model():
+    """Alg. 1's personal step v <- v - eta (grad F_i(v) + lam (v - w^t)) anchors v_i to w^t, the global
+    model the client received this round (fixed for the round), not its previous personal model v_i
+    nor its own x_i."""
+    from lightning_dfl.callbacks.base import FederatedCallback
+
+    anchors, starts = [], {}
+
+    class Anchors(Ditto):
+        def loss(self, ctx, batch):
+            anchor = ctx.scratch.get("anchor")
+            if anchor is not None:
+                params = {n: p.detach().clone() for n, p in ctx.module.model.named_parameters()}
+                anchors.append((ctx.round_idx, ctx.node, {n: t.clone() for n, t in anchor.items()}, params))
+            return super().loss(ctx, batch)
+
+    class Start(FederatedCallback):
+        def on_federated_round_start(self, trainer, pl_module):
+            store = trainer.store
+            starts[trainer.current_round] = ({n: t.clone() for n, t in store.published(K)[0].items()},
+                                             {k: {n: t.clone() for n, t in store.read(k, PERSONAL).items()}
+                                              for k in range(K)})
+
+    _run(Anchors(clients_per_round=K, global_epochs=1, personal_epochs=1), rounds=3, callbacks=[Start()])
+    seen = set()
+    for r, k, anchor, params in anchors:
+        w_t, personal = starts[r]
+        for n, t in anchor.items():
+            assert torch.equal(t, w_t[n]), (r, k, n)  # w^t: the server's model at the round's start
+        if (r, k) not in seen and r >= 1:  # the first personal step starts from v_i^(t-1), which differs from w^t
+            assert all(torch.equal(params[n], personal[k][n]) for n in params)
+            assert any(not torch.equal(anchor[n], personal[k][n]) for n in anchor)
+        seen.add((r, k))
+    assert {r for r, _ in seen} == {0, 1, 2} and len(seen) == 3 * K

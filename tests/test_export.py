@@ -7,7 +7,7 @@ import torch
 
 from lightning_dfl.cli import main
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.export import client_model, export_client, measure_latency, zero_channels
+from lightning_dfl.export import client_model, client_test_images, export_client, measure_latency, zero_channels
 from lightning_dfl.federation.algorithms import PRISAM, Local
 from lightning_dfl.federation.algorithms.prisam import CHANNELS_FIELD
 from lightning_dfl.federation.trainer import FederatedTrainer
@@ -46,10 +46,28 @@ def test_the_exported_file_runs_the_clients_model_physically_smaller(prisam_run,
         assert torch.allclose(loaded(x), model(x), atol=1e-5)
 
 
+def test_the_saved_program_runs_any_batch_of_the_clients_test_images(prisam_run, tmp_path):
+    """The .pt2 is exported with a dynamic batch dimension (torch.export.Dim): its module() runs batches
+    of 1 and of 4+ (a batch-of-one trace failed on 4: "Guard failed: x.size()[0] == 1"), and equals the
+    masked model on the client's own test images, not only on random inputs."""
+    report = export_client(prisam_run.checkpoint_path, 3, tmp_path / "c3.pt2", latency=False)
+    model, _, _ = client_model(prisam_run.checkpoint_path, 3)
+    images, labels = client_test_images(prisam_run.checkpoint_path, 3)
+    expected = prisam_run.datamodule.client_test_batches(3)
+    assert torch.equal(images, torch.cat([x for x, _ in expected]).cpu())  # the run's own test set
+    assert images.shape[0] == report.test_images == 20 and report.max_abs_logit_diff_test <= 1e-5
+    assert report.max_abs_logit_diff_saved <= 1e-5 and {1, 4, 20} <= set(report.saved_batch_sizes)
+    loaded = torch.export.load(str(tmp_path / "c3.pt2")).module()
+    with torch.no_grad():
+        for batch in (images[:1], images[:4], images[:7], images):
+            assert torch.allclose(loaded(batch), model(batch), atol=1e-5)
+
+
 def test_export_command_prints_sizes_macs_and_latency(prisam_run, tmp_path, capsys):
     main(["export", str(prisam_run.checkpoint_path), "--client", "1", "--out", str(tmp_path / "c1.pt2")])
     out = capsys.readouterr().out
     assert "parameters" in out and "forward MMACs / sample" in out and "CPU latency (ms, median)" in out
+    assert "on client 1's 20 test images" in out and "the saved .pt2, batches of 1, 4, 20" in out
     assert (tmp_path / "c1.pt2").is_file()
 
 

@@ -56,6 +56,31 @@ def test_fewer_distinct_masks_than_groups_gives_each_distinct_mask_its_own_group
     assert identical.fallback and identical.labels.tolist() == [0, 0, 0] and identical.differing_dims == 0
 
 
+def test_exactly_k_distinct_masks_run_kmeans_without_a_fallback():
+    """Notes 4: the fallback is for *fewer* distinct masks than k; with exactly k KMeans finds them
+    (each its own group) and ``prisam/grouping_fallback`` must stay 0 (``<=`` logged 1 every round)."""
+    masks = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 0]], dtype=bool)
+    grouping = group_masks(masks, num_groups=3, seed=0)
+    assert not grouping.fallback
+    assert grouping.labels.tolist() == [0, 1, 2, 0, 1, 2] and grouping.distinct_masks == 3
+
+
+def test_auto_eps_is_the_largest_distance_to_a_devices_nearest_other_device():
+    """The k-distance rule (min_samples 2): every device reaches one other within eps, so none is
+    noise; the two planted clusters stay apart. Placed halfway to the next possible distance."""
+    from lightning_dfl.grouping import auto_eps
+
+    masks, truth = _two_clusters(np.random.default_rng(0))
+    dims, _ = compact(masks)
+    differ = (dims[:, None, :] != dims[None, :, :]).sum(axis=2).astype(float)
+    np.fill_diagonal(differ, np.inf)
+    assert auto_eps(dims, 2) == pytest.approx((differ.min(axis=1).max() + 0.5) / dims.shape[1])
+    grouping = group_masks(masks, num_groups=2, method="dbscan", eps="auto", min_samples=2)
+    assert grouping.eps == auto_eps(dims, 2) and grouping.num_groups == 2
+    assert np.array_equal(grouping.labels[:, None] == grouping.labels[None, :], truth[:, None] == truth[None, :])
+    assert auto_eps(dims[:1], 2) == 1.0  # fewer devices than min_samples: nothing to reach
+
+
 def test_dbscan_noise_points_are_singleton_groups():
     masks, _ = _two_clusters(np.random.default_rng(0), per_group=4)
     outlier = np.zeros((1, masks.shape[1]), dtype=bool)

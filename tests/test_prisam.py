@@ -2,6 +2,7 @@
 sent, churn, the literal order, mixed ratios, resume, and bad settings."""
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,7 +189,7 @@ def test_prune_after_train_trains_under_the_union_and_publishes_at_rho():
 
 
 def test_mixed_ratios_prune_each_device_at_its_own_rho():
-    trainer = _trainer(PRISAM(ratio=[0.3, 0.7], num_groups=2, warmup_rounds=1, grouping_ratio=0.5), rounds=2)
+    trainer = _trainer(PRISAM(ratio=[0.3, 0.7], num_groups=2, warmup_rounds=1, grouping_ratio=0.7), rounds=2)
     trainer.fit(_model(), _dm())
     model = trainer.module.model
     for k in range(K):
@@ -196,6 +197,19 @@ def test_mixed_ratios_prune_each_device_at_its_own_rho():
         rho = [0.3, 0.7][k % 2]
         assert all(int(masks[g.name].sum()) == kept_count(g.size, rho) for g in channel_groups(model))
     assert "prisam/ari" in trainer.history[1]
+
+
+def test_a_grouping_ratio_below_max_rho_is_refused_and_auto_derives_it():
+    """Notes 5 / Sec. V-G: below a device's rho the grouping mask would hold pruned channels (gamma 0,
+    filled by index; ARI 0.26 in the issue's probe). Refused before training, naming both values."""
+    with pytest.raises(ValueError, match=r"grouping_ratio=0\.5 is below max\(rho\)=0\.7"):
+        PRISAM(ratio=[0.3, 0.5, 0.7], grouping_ratio=0.5)
+    PRISAM(ratio=[0.3, 0.5, 0.7], grouping_ratio=0.7)  # at max(rho): allowed
+    algo = PRISAM(ratio=[0.3, 0.7], num_groups=2, warmup_rounds=1, grouping_ratio="auto")
+    assert algo._grouping_ratio == 0.7
+    trainer = _trainer(algo, rounds=2, local_steps=1)
+    trainer.fit(_model(), _dm())
+    assert {"prisam/ari", "prisam/ari_own_masks"} <= set(trainer.history[1])  # notes 5: the ARI both ways
 
 
 def test_churn_is_deterministic_and_leaves_absent_devices_untouched():
@@ -225,6 +239,87 @@ def test_churn_is_deterministic_and_leaves_absent_devices_untouched():
                        local_steps=2, callbacks=[watch])
     trainer.fit(_model(), _dm())
     assert any(watch.frozen)
+
+
+class _Recording(PRISAM):
+    """PRISAM that records every mask it groups and every channel mask it averages."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.grouped, self.averaged = [], []
+
+    def _group(self, ctx, active, vectors):
+        self.grouped.append((ctx.round_idx, list(active), vectors.copy()))
+        return super()._group(ctx, active, vectors)
+
+    def union_average(self, model, messages):
+        self.averaged.append([m.channels.clone() for m in messages])
+        return super().union_average(model, messages)
+
+
+@pytest.mark.parametrize("grouping", ["kmeans", "random"])
+def test_late_joiners_warm_up_and_prune_before_they_are_grouped_or_averaged(grouping):
+    """L122 / notes 3: every device does its local warm-up and first prune before Alg. 2 sees its mask.
+    A device first taking part after the warm-up (participants_per_round, churn) warms up then, so no
+    all-ones (unpruned) channel mask is ever grouped or averaged (it was: 4 of 9 in the issue's probe)."""
+    algo = _Recording(ratio=0.5, num_groups=2, warmup_rounds=1, participants_per_round=4, churn=0.4,
+                      grouping=grouping, num_neighbors=2)
+    trainer = _trainer(algo, rounds=5, local_steps=1)
+    trainer.fit(_model(), _dm())
+    first_seen = {}
+    for r in range(5):
+        for k in algo.participants(trainer.round_context(r)):
+            first_seen.setdefault(k, r)
+    assert any(r >= 1 for r in first_seen.values())  # some device joined after the warm-up
+    assert any(m.get("prisam/warming", 0) > 0 for m in trainer.history[1:])
+    if grouping == "kmeans":
+        assert algo.grouped
+        for r, active, vectors in algo.grouped:
+            assert not vectors.all(axis=1).any(), (r, active)
+            assert all(first_seen[k] < r for k in active)  # a joiner's first round is its warm-up
+    assert algo.averaged
+    for channels in algo.averaged:
+        assert not any(bool(c.all()) for c in channels)
+
+
+@pytest.mark.parametrize("count,shares", [(4, [2, 2]), (5, [2, 3])])
+def test_per_group_participants_draw_the_same_number_from_each_group(count, shares):
+    """Notes 17: 100 of 200 devices take part, 20 from each of the 5 groups; a remainder goes to
+    randomly chosen groups, one more each."""
+    algo = PRISAM(num_groups=2, warmup_rounds=1, participants_per_round=count, participants_draw="per_group")
+    trainer = _trainer(algo, rounds=1, local_steps=1)
+    dm = _dm()
+    trainer.fit(_model(), dm)
+    chosen = algo.participants(trainer.round_context(0))
+    assert len(chosen) == count
+    assert sorted(np.bincount(np.asarray(dm.client_groups)[list(chosen)], minlength=2).tolist()) == shares
+    with pytest.raises(ValueError, match="unknown participants_draw 'stratified'"):
+        PRISAM(participants_draw="stratified")
+    import yaml  # the paper's config draws per group (notes 17)
+
+    paper = yaml.safe_load(open(Path(__file__).resolve().parents[1] / "configs" / "prisam_cifar10_pat.yaml"))
+    assert paper["trainer"]["algorithm"]["init_args"]["participants_draw"] == "per_group"
+
+
+def test_per_group_draw_needs_client_groups():
+    algo = PRISAM(num_groups=2, participants_per_round=4, participants_draw="per_group")
+    with pytest.raises(ValueError, match="data.partition: cluster"):
+        _trainer(algo, rounds=1).fit(_model(), _dm(partition="dirichlet"))
+
+
+def test_default_dbscan_eps_groups_the_planted_groups_of_the_digits_config():
+    """``dbscan_eps`` defaults to "auto" (the k-distance rule on the round's masks). On
+    configs/prisam_digits.yaml (20 devices, 5 planted groups) the first masks differ by a share of
+    0.26-0.46 inside a group and 0.44-0.57 between groups: the old default 0.1 made every device its
+    own group (no aggregation at all); the default finds the 5 groups."""
+    from lightning_dfl.cli import FederatedCLI
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "prisam_digits.yaml"
+    cli = FederatedCLI(args=["fit", "--config", str(config), "--trainer.rounds=3", "--trainer.logger=false",
+                             "--trainer.enable_progress_bar=false", "--trainer.algorithm.init_args.grouping=dbscan"])
+    first = cli.trainer.history[2]  # rounds 0-1 are the warm-up
+    assert first["prisam/groups"] == 5 and first["prisam/ari"] == 1.0
+    assert 0.3 < first["prisam/dbscan_eps"] < 0.5
 
 
 def test_l1_penalty_adds_lambda_times_the_bn_scaling_factors():

@@ -1,6 +1,8 @@
 """PSFL on the engine: chains of clients, the uniform server step, the warm-up and the solved structure."""
 
+import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,3 +186,64 @@ def test_time_estimates_count_each_round_once_when_stragglers_make_it_replan():
     trainer = _fit(algo, rounds=4, callbacks=[Count()], clock=Clock(distribution="discrete", noise=0.2), deadline=6.0)
     assert sum(m["faults/stragglers"] for m in trainer.history) > 0  # some rounds were planned again
     assert algo._time_count.sum() == len(ran)  # each client that ran is observed once per round
+
+
+class _Sets(PSFL):
+    """PSFL whose warm-up rounds see fixed client sets (as dropout, a deadline or sampling would)."""
+
+    def __init__(self, sets, **kw):
+        super().__init__(**kw)
+        self.sets = sets
+
+    def participants(self, ctx):
+        return self.sets[ctx.round_idx] if ctx.round_idx < len(self.sets) else None
+
+
+@pytest.mark.parametrize("sets", [[(0, 1, 2, 3, 4, 5), (2, 3, 4, 5, 6, 7)], [tuple(range(K)), (1, 3, 4, 6)]],
+                         ids=["same_count_other_clients", "unequal_counts"])
+def test_kappa2_pairs_warmup_times_by_client_id(sets):
+    """Eq. 26: kappa^2 = mean over clients of var_k(t_n^k), each client's times paired by its id (over the
+    warm-up rounds it took part in; clients seen once carry no variance). Position pairing gave a wrong
+    kappa^2 for different client sets and a numpy ValueError for unequal counts."""
+    clock = Clock(distribution="discrete", noise=0.2)
+    algo = _Sets(sets, clients_per_round=4, warmup_rounds=2, sampler="uniform")
+    trainer = _fit(algo, rounds=3, clock=clock)
+    times = [clock.compute_times(r) for r in range(2)]
+    both = sorted(set(sets[0]) & set(sets[1]))
+    variances = [np.var([times[0][k], times[1][k]]) for k in both]  # hand-computed, by id
+    h = trainer.history[2]
+    assert h["psfl/kappa2_mean"] == pytest.approx(np.mean(variances), rel=1e-12)
+    assert h["psfl/kappa2_max"] == pytest.approx(np.max(variances), rel=1e-12)
+    assert h["psfl/t_mean"] == pytest.approx(np.mean([times[r][k] for r in range(2) for k in sets[r]]), rel=1e-12)
+    assert algo.warmup_estimates()["kappa2_mean"] == h["psfl/kappa2_mean"]
+
+
+def _baseline_overrides(text):
+    """The ``--...`` overrides of every line (with its continuation) that names FedAvg or SFL."""
+    joined = text.replace("\\\n", " ")
+    found = {}
+    for line in joined.splitlines():
+        for name in ("FedAvg", "SFL"):
+            if re.search(rf"(#\s*{name}\b|^#\s+{name}:)", line.strip()) and "sequences=" in line:
+                found[name] = re.findall(r"--trainer\.algorithm\.init_args\.\w+=\S+", line)
+    return found
+
+
+@pytest.mark.parametrize("config", ["psfl_digits.yaml", "psfl_cifar10.yaml", "psfl_ham10000.yaml"])
+def test_baseline_commands_sample_uniformly(config):
+    """psfl-notes 11: FedAvg (W = N0) and SFL (W = 1) as baselines sample uniformly and skip the warm-up;
+    the README's commands and the configs' headers must say so (they kept ``sampler: time``)."""
+    from lightning_dfl.cli import FederatedCLI
+
+    root = Path(__file__).resolve().parents[1]
+    sources = {"header": _baseline_overrides((root / "configs" / config).read_text())}
+    if config == "psfl_digits.yaml":
+        readme = (root / "README.md").read_text()
+        sources["README"] = _baseline_overrides(readme[readme.index("### PSFL"):readme.index("### PRISAM")])
+    for where, found in sources.items():
+        assert set(found) == {"FedAvg", "SFL"}, (where, found)
+        for name, overrides in found.items():
+            cli = FederatedCLI(args=["--config", str(root / "configs" / config), *overrides], run=False)
+            algo = cli.trainer.algorithm
+            assert algo.sampler == "uniform" and algo.warmup_rounds == 0, (where, name, overrides)
+            assert algo.sequences == (1 if name == "SFL" else algo.clients_per_round), (where, name)

@@ -141,3 +141,12 @@ def test_server_averages_each_weight_over_its_holders():
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SubFedAvg(**kwargs)
+
+
+def test_the_headline_is_the_subnetwork_accuracy_on_every_client():
+    """baselines-notes 9: Sub-FedAvg is evaluated as w * m_i on every client's test set; that is its
+    headline (it averaged only the clients sampled this round), so it compares with the other methods."""
+    trainer = _fit(SubFedAvg(clients_per_round=2), rounds=2)
+    for m in trainer.history:
+        assert m["acc/headline"] == m["acc/subnetwork_mean"]
+    assert trainer.history[-1]["acc/best"] == max(m["acc/subnetwork_mean"] for m in trainer.history)

@@ -112,7 +112,8 @@ class RoundReporter:
     def update_best(metrics: dict[str, float], history: list[dict[str, float]], headline: str) -> None:
         """Add ``acc/headline`` (the personal or consensus mean, or the global model's accuracy on the
         official test split) and ``acc/best`` so far."""
-        key = {"consensus": "acc/consensus_mean", "global": "acc/global"}.get(headline, "acc/personal_mean")
+        key = {"consensus": "acc/consensus_mean", "global": "acc/global",
+               "subnetwork": "acc/subnetwork_mean"}.get(headline, "acc/personal_mean")
         if key in metrics:
             metrics["acc/headline"] = metrics[key]
         previous = [m["acc/headline"] for m in history if "acc/headline" in m]
@@ -149,6 +150,8 @@ class RunSummary:
     mean_delay: float
     wall_time_s: float
     log_dir: str | None = None
+    #: the method as results name it, non-original settings in brackets ("BEER (fresh minibatch)")
+    label: str | None = None
 
     @classmethod
     def from_history(cls, algorithm: Any, history: list[dict[str, float]], wall_time_s: float,
@@ -169,6 +172,7 @@ class RunSummary:
             mean_delay=sum(m.get("time/delay", 0.0) for m in history) / rounds,
             wall_time_s=wall_time_s,
             log_dir=log_dir,
+            label=algorithm.label() if hasattr(algorithm, "label") else None,
         )
 
     def to_json(self) -> str:
@@ -186,7 +190,7 @@ class RunSummary:
 def print_summary(summary: RunSummary, console: Console | None = None) -> None:
     """Print the summary as a table."""
     console = console or Console()
-    table = Table(title=f"{summary.algorithm}: {summary.rounds} rounds in {summary.wall_time_s:.1f} s",
+    table = Table(title=f"{summary.label or summary.algorithm}: {summary.rounds} rounds in {summary.wall_time_s:.1f} s",
                   show_header=False)
     table.add_row("mean personalized accuracy (final)", f"{100 * summary.final_accuracy:.2f} %")
     table.add_row("best mean accuracy", f"{100 * summary.best_accuracy:.2f} %")

@@ -54,13 +54,15 @@ class Algorithm:
 
     #: short name used in logs and run folders
     name = "base"
+    #: the name results report (``summary.json``'s ``label``, tables); ``None``: :attr:`name`
+    title: str | None = None
     #: each client draws its own initial mask (else all share the module's mask)
     personal_masks = False
     #: server nodes appended after the clients (node ids K, K+1, ...)
     num_servers = 0
     #: the headline accuracy: "personal" (each client's model on its test set), "consensus" (the shared
-    #: model of :meth:`consensus_sources` on every client's test set) or "global" (that model on the
-    #: official test split)
+    #: model of :meth:`consensus_sources` on every client's test set), "global" (that model on the
+    #: official test split) or "subnetwork" (``acc/subnetwork_mean``: SubFedAvg's w * m_i on every client)
     headline = "personal"
     #: whether models travel with their masks (the mask bits are counted as communication)
     sends_masks = False
@@ -187,6 +189,18 @@ class Algorithm:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output."""
+
+    def deviations(self) -> list[str]:
+        """The settings of this instance that depart from the original method's rule (empty: none); they
+        are named wherever results are reported, through :meth:`label`."""
+        return []
+
+    def label(self) -> str:
+        """How results name this run's method: its title, with its non-original settings in brackets
+        (e.g. "BEER (fresh minibatch)")."""
+        deviations = self.deviations()
+        title = self.title or self.name
+        return f"{title} ({', '.join(deviations)})" if deviations else title
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

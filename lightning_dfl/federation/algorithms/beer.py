@@ -149,6 +149,7 @@ class BEER(GossipAlgorithm):
     """
 
     name = "beer"
+    title = "BEER"
     reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
 
     def __init__(self, num_neighbors: int = 2, topology: str = "ring", gamma: float = 0.01,
@@ -169,6 +170,10 @@ class BEER(GossipAlgorithm):
         self.compressor, self.bits, self.ratio, self.noise = compressor, bits, ratio, noise
         self.gradient_difference = gradient_difference
         self._previous = "beer/x_prev" if gradient_difference == "same_batch" else "beer/grad_prev"
+
+    def deviations(self) -> list[str]:
+        """The original (optim/BEER.py) takes both gradients on one minibatch; ``fresh`` is labelled."""
+        return ["fresh minibatch"] if self.gradient_difference == "fresh" else []
 
     def state_fields(self) -> list[StateField]:
         weights = [StateField("beer/v", like="weights", dtype=None),

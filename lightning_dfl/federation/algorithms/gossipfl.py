@@ -63,7 +63,10 @@ class GossipFL(Algorithm):
     """
 
     name = "gossipfl"
+    title = "GossipFL"
     reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    #: SAPS_FL's defaults: compress_ratio 0.01 and one SGD step per gossip (``trainer.local_steps: 1``)
+    ORIGINAL_RATIO = 0.01
 
     def __init__(self, compress_ratio: float = 0.01, compressor: str = "random_k") -> None:
         if compressor not in COMPRESSORS:
@@ -75,6 +78,18 @@ class GossipFL(Algorithm):
         self.compressor = compressor
         self._codec = (RandomKCodec(self.compress_ratio, bytes_per_index=0) if compressor == "random_k"
                        else TopKCodec(self.compress_ratio))
+        self._cadence: tuple[int, int | None] | None = None  # the trainer's (local_epochs, local_steps), once seen
+
+    def deviations(self) -> list[str]:
+        """What departs from SAPS_FL's rule (ratio 0.01, one SGD step per gossip), for the reports' label."""
+        out = [] if self.compress_ratio == self.ORIGINAL_RATIO else [f"ratio {self.compress_ratio:g}"]
+        if self._cadence is not None:
+            epochs, steps = self._cadence
+            if steps is None:
+                out.append(f"{epochs} local epoch{'s' if epochs != 1 else ''} per gossip")
+            elif steps != 1:
+                out.append(f"{steps} local steps per gossip")
+        return out
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         peers = {}
@@ -97,6 +112,7 @@ class GossipFL(Algorithm):
 
     def aggregate(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor] | None:
         """SAPS_FL's rule: x_i[S_i] <- 1/2 x_i[S_i] + 1/2 (peer's sent values)[S_i]; the rest unchanged."""
+        self._cadence = (ctx.local_epochs, ctx.local_steps)  # how much local work follows each gossip (label)
         if len(messages) < 2:
             return None  # unmatched this round: keep the own model
         own_message, peer_message = messages

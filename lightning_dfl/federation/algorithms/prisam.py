@@ -34,10 +34,14 @@ from lightning_dfl.sparse.channels import (
     state_channel_scores,
 )
 
-__all__ = ["CHANNELS_FIELD", "GROUPINGS", "PRISAM", "ChannelMessage"]
+__all__ = ["CHANNELS_FIELD", "GROUPINGS", "PARTICIPANT_DRAWS", "PRISAM", "WARMUP_FIELD", "ChannelMessage"]
 
 #: the store field holding each client's published channel mask (one bit per BN channel)
 CHANNELS_FIELD = "prisam/channels"
+#: the store field counting the warm-up rounds a device has done (its first prune ends the last)
+WARMUP_FIELD = "prisam/warmup_done"
+#: how the first participants are drawn: uniformly, or the same share from each group (notes 17)
+PARTICIPANT_DRAWS = ("uniform", "per_group")
 #: how devices find their aggregation partners: clustering, or ``num_neighbors`` random peers (notes 13)
 GROUPINGS = (*GROUPING_METHODS, "random")
 #: when groups are formed: every round (Alg. 1, L204) or once, at the first grouping round (frozen)
@@ -66,8 +70,9 @@ class PRISAM(GossipAlgorithm):
     group's models and masks -> union average, each weight over the members that keep it (Fig. 4,
     L210-219, notes 7) -> re-prune at rho_i by the averaged ``|gamma|`` (L212) -> local epochs under
     that mask -> publish. ``prune_after_train`` is Alg. 1 literally: train under the union mask,
-    then prune by the trained ``|gamma|``. The first ``warmup_rounds`` rounds are local and dense;
-    the last of them ends with the first prune (L122, notes 3).
+    then prune by the trained ``|gamma|``. A device's first ``warmup_rounds`` rounds of taking part are
+    local and dense; the last of them ends with its first prune (L122, notes 3). A device still in its
+    warm-up (one that first joins late) is neither grouped nor averaged that round.
 
     Pruning keeps ``C - floor(rho_i C)`` channels per BN layer (notes 6); in ResNet-20 a stage's
     residual channels share one mask (notes 8). The channel mask is expanded to the conv filters,
@@ -81,16 +86,31 @@ class PRISAM(GossipAlgorithm):
         num_groups: k of KMeans (the number of similar-device groups).
         grouping: ``"kmeans"`` (default), ``"dbscan"``, or ``"random"``: no grouping, each device
             averages ``num_neighbors`` random peers (Sec. V-E's "10 random peers", notes 13).
-        warmup_rounds: local, dense rounds before the first prune (counted inside the run's rounds).
+        warmup_rounds: local, dense rounds before the first prune (L122, notes 3), counted per device:
+            every device runs its own ``warmup_rounds`` local rounds the first times it takes part (in
+            rounds 0.. when all take part; later for a device that first joins after them, through
+            churn or ``participants_per_round``) and ends the last with its first prune; until then it
+            is neither grouped nor averaged, so no unpruned (all-ones) mask enters Alg. 2 or Fig. 4.
         regroup: ``"every_round"`` (Alg. 1) or ``"frozen"`` (the first grouping is kept; a device
             seen later joins the group of the nearest mask).
         prune_after_train: Alg. 1's literal order (notes 2).
         grouping_ratio: for grouping only, each device shares the mask of its channels kept at this
-            ratio (e.g. 0.5: its top half by ``|gamma|``); ``None``: its own mask (notes 5).
+            ratio (e.g. 0.5: its top half by ``|gamma|``); ``None``: its own mask (notes 5). It must be
+            >= max(rho) (below a device's rho it would share pruned channels, whose gamma is 0, filled
+            by index); ``"auto"``: max(rho). With it, ``prisam/ari_own_masks`` logs the ARI of the
+            devices' own masks beside ``prisam/ari`` (notes 5: the ARI both ways).
         l1: lambda of an L1 penalty on the BN scaling factors (network slimming; off by default, notes 6).
-        dbscan_eps, dbscan_min_samples: DBSCAN's settings (Hamming distance on compact masks).
+        dbscan_eps, dbscan_min_samples: DBSCAN's settings (Hamming distance on compact masks; the
+            paper gives none, notes 4). ``dbscan_eps="auto"`` (default) derives eps every grouping
+            round from the masks (:func:`~lightning_dfl.grouping.auto_eps`: the k-distance rule) and
+            logs it as ``prisam/dbscan_eps``; on ``configs/prisam_digits.yaml`` the within-group
+            Hamming share of the first masks is 0.26-0.46 and between groups 0.44-0.57, so a fixed
+            0.1 left every device alone (no aggregation) while "auto" (0.39-0.43) finds the 5 groups.
         num_neighbors, topology: the random peers of ``grouping="random"``.
         participants_per_round: devices taking part in round 0 (``None``: all); a seeded sample.
+        participants_draw: how those are drawn: ``"uniform"`` over all devices, or ``"per_group"``:
+            the same number from each of the data's groups (``partition: cluster``; notes 17: 100 of
+            200 devices in 5 groups, 20 per group; a remainder goes to randomly chosen groups).
         churn: m of notes 18: after each round each participant leaves, and each other device joins,
             with probability m (a returning device resumes from its own state).
     """
@@ -101,9 +121,10 @@ class PRISAM(GossipAlgorithm):
 
     def __init__(self, ratio: float | list[float] = 0.5, num_groups: int = 5, grouping: str = "kmeans",
                  warmup_rounds: int = 3, regroup: str = "every_round", prune_after_train: bool = False,
-                 grouping_ratio: float | None = None, l1: float = 0.0, dbscan_eps: float = 0.1,
+                 grouping_ratio: float | str | None = None, l1: float = 0.0, dbscan_eps: float | str = "auto",
                  dbscan_min_samples: int = 2, num_neighbors: int = 10, topology: str = "time_varying",
-                 participants_per_round: int | None = None, churn: float = 0.0) -> None:
+                 participants_per_round: int | None = None, churn: float = 0.0,
+                 participants_draw: str = "uniform") -> None:
         super().__init__(num_neighbors, topology)
         ratios = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio]
         if not ratios:
@@ -121,19 +142,30 @@ class PRISAM(GossipAlgorithm):
         if not isinstance(prune_after_train, bool):
             raise ValueError(f"prune_after_train must be True or False, got {prune_after_train!r}")
         self.prune_after_train = prune_after_train
-        self.grouping_ratio = None if grouping_ratio is None else _check_ratio("grouping_ratio", grouping_ratio)
+        if grouping_ratio == "auto":
+            self.grouping_ratio: float | str | None = "auto"
+        else:
+            self.grouping_ratio = None if grouping_ratio is None else _check_ratio("grouping_ratio", grouping_ratio)
+            if self.grouping_ratio is not None and self.grouping_ratio < max(self._ratios):
+                raise ValueError(f"grouping_ratio={self.grouping_ratio} is below max(rho)={max(self._ratios)}: a device "
+                                 f"pruned at rho={max(self._ratios)} would share channels it pruned (gamma 0, filled "
+                                 f"by index); use grouping_ratio >= {max(self._ratios)} or 'auto' (notes 5)")
+        self._grouping_ratio = max(self._ratios) if grouping_ratio == "auto" else self.grouping_ratio
         if not (is_number(l1) and l1 >= 0):
             raise ValueError(f"l1 must be a number >= 0, got {l1!r}")
         self.l1 = float(l1)
-        if not (is_number(dbscan_eps) and 0 < dbscan_eps <= 1):
-            raise ValueError(f"dbscan_eps must be in (0, 1] (a Hamming distance), got {dbscan_eps!r}")
-        self.dbscan_eps = float(dbscan_eps)
+        if dbscan_eps != "auto" and not (is_number(dbscan_eps) and 0 < dbscan_eps <= 1):
+            raise ValueError(f"dbscan_eps must be in (0, 1] (a Hamming distance) or 'auto', got {dbscan_eps!r}")
+        self.dbscan_eps = dbscan_eps if dbscan_eps == "auto" else float(dbscan_eps)
         self.dbscan_min_samples = check_int("dbscan_min_samples", dbscan_min_samples, 1)
         self.participants_per_round = (None if participants_per_round is None
                                        else check_int("participants_per_round", participants_per_round, 1))
         if not (is_number(churn) and 0 <= churn < 1):
             raise ValueError(f"churn must be a probability in [0, 1), got {churn!r}")
         self.churn = float(churn)
+        if participants_draw not in PARTICIPANT_DRAWS:
+            raise ValueError(f"unknown participants_draw {participants_draw!r}; allowed: {', '.join(PARTICIPANT_DRAWS)}")
+        self.participants_draw = participants_draw
         self._groups: tuple = ()
         self._bits = 0
         self._true_groups: np.ndarray | None = None
@@ -169,9 +201,19 @@ class PRISAM(GossipAlgorithm):
         self._bits = sum(g.size for g in self._groups)
         groups = getattr(datamodule, "client_groups", None)
         self._true_groups = None if groups is None else np.asarray(groups, dtype=np.int64)
+        if self.participants_draw == "per_group" and self.participants_per_round is not None:
+            if self._true_groups is None:
+                raise ValueError("participants_draw='per_group' draws from each of the data's groups: use a "
+                                 "partition with client groups (data.partition: cluster)")
+            sizes = np.bincount(self._true_groups)
+            share = -(-self.participants_per_round // len(sizes))  # the most any group must give
+            if sizes.min() < share:
+                raise ValueError(f"participants_draw='per_group': {self.participants_per_round} participants need up "
+                                 f"to {share} from each of {len(sizes)} groups, but a group has only {sizes.min()}")
 
     def state_fields(self) -> list[StateField]:
-        return [StateField(CHANNELS_FIELD, shape=(self._bits,), dtype=torch.bool, fill=1.0, published=True)]
+        return [StateField(CHANNELS_FIELD, shape=(self._bits,), dtype=torch.bool, fill=1.0, published=True),
+                StateField(WARMUP_FIELD, dtype=torch.int64, fill=0, published=True)]
 
     def rho(self, client: int) -> float:
         """Device ``client``'s pruning ratio."""
@@ -186,7 +228,10 @@ class PRISAM(GossipAlgorithm):
             if r == 0:
                 count = self.participants_per_round or ctx.num_clients
                 rng = np.random.default_rng(derive_seed(ctx.seed, "prisam/participants"))
-                chosen = set(rng.choice(ctx.num_clients, size=count, replace=False).tolist())
+                if self.participants_draw == "per_group" and self._true_groups is not None:
+                    chosen = self._draw_per_group(count, rng)
+                else:
+                    chosen = set(rng.choice(ctx.num_clients, size=count, replace=False).tolist())
             else:
                 draws = np.random.default_rng(derive_seed(ctx.seed, "prisam/churn", r)).random(ctx.num_clients)
                 before = set(self._history[-1])
@@ -195,17 +240,49 @@ class PRISAM(GossipAlgorithm):
             self._history.append(tuple(sorted(chosen)))
         return self._history[ctx.round_idx]
 
+    def _draw_per_group(self, count: int, rng: np.random.Generator) -> set[int]:
+        """``count`` devices, the same number from each group (notes 17); a remainder r goes to r
+        groups drawn at random (one more each)."""
+        groups = np.unique(self._true_groups)
+        share, extra = divmod(count, len(groups))
+        more = set(rng.choice(groups, size=extra, replace=False).tolist()) if extra else set()
+        chosen: set[int] = set()
+        for g in groups:
+            members = np.flatnonzero(self._true_groups == g)
+            chosen |= set(rng.choice(members, size=share + (g in more), replace=False).tolist())
+        return chosen
+
     # -- planning ---------------------------------------------------------------------------
+    def warming(self, ctx: RoundContext, active: list[int]) -> list[int]:
+        """The participants still in their warm-up (fewer than ``warmup_rounds`` warm-up rounds done)."""
+        if not self.warmup_rounds:
+            return []
+        done = [int(ctx.store.read(k, WARMUP_FIELD)) for k in active]
+        return [k for k, d in zip(active, done) if d < self.warmup_rounds]
+
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         self._info, self._published = {}, {}
         active = ctx.active_clients
-        if ctx.round_idx < self.warmup_rounds:
+        if ctx.round_idx < self.warmup_rounds and ctx.store is None:  # planning without a store (tests)
             return RoundPlan(ctx.round_idx, [Task(node=k) for k in active])
+        warming = self.warming(ctx, active)
+        if len(warming) == len(active):  # everyone warms up: local, dense rounds (L122, notes 3)
+            return RoundPlan(ctx.round_idx, [Task(node=k) for k in active])
+        local = [Task(node=k) for k in warming]  # a device's own warm-up rounds; it is neither grouped nor averaged
+        self._info["prisam/warming"] = float(len(warming))
         if self.grouping == "random":
-            return parallel_plan(ctx, self.neighbors(ctx))
+            plan = parallel_plan(ctx, self.neighbors(ctx))
+            if not warming:
+                return plan
+            out = set(warming)
+            tasks = [Task(node=t.node, sources=tuple(s for s in t.sources if s.node not in out))
+                     for t in plan.tasks if t.node not in out]
+            return RoundPlan(ctx.round_idx, sorted(tasks + local, key=lambda t: t.node))
+        ready = set(warming)
+        active = [k for k in active if k not in ready]  # the grouped devices: every one has pruned
         vectors = torch.stack([self._grouping_vector(ctx, k) for k in active]).numpy()
         grouping = self._group(ctx, active, vectors)
-        tasks = []
+        tasks = list(local)
         for members in grouping.members():
             nodes = [active[i] for i in members]
             for k in nodes:
@@ -216,22 +293,30 @@ class PRISAM(GossipAlgorithm):
                            "prisam/distinct_masks": float(grouping.distinct_masks),
                            "prisam/grouping_fallback": float(grouping.fallback),
                            "prisam/grouping_bytes": float(sum(b for _, _, b in side))})
+        if grouping.eps is not None:
+            self._info["prisam/dbscan_eps"] = grouping.eps
         if self._true_groups is not None:
             from sklearn.metrics import adjusted_rand_score
 
             truth = self._true_groups[np.asarray(active)]
             self._info["prisam/ari"] = float(adjusted_rand_score(truth, grouping.labels))
+            if self._grouping_ratio is not None:  # notes 5: the ARI both ways
+                own = torch.stack([ctx.store.read(k, CHANNELS_FIELD).cpu() for k in active]).numpy()
+                seed = derive_seed(ctx.seed, "prisam/grouping", ctx.round_idx) % (2 ** 32)
+                labels = group_masks(own, self.num_groups, self.grouping, seed, eps=self.dbscan_eps,
+                                     min_samples=self.dbscan_min_samples).labels
+                self._info["prisam/ari_own_masks"] = float(adjusted_rand_score(truth, labels))
         tasks.sort(key=lambda t: t.node)
         return RoundPlan(ctx.round_idx, tasks, side_transfers=side)
 
     def _grouping_vector(self, ctx: RoundContext, client: int) -> Tensor:
         """The mask ``client`` shares for grouping: its published channel mask, or (``grouping_ratio``)
         the channels its published model keeps at that ratio (notes 5)."""
-        if self.grouping_ratio is None:
+        if self._grouping_ratio is None:
             return ctx.store.read(client, CHANNELS_FIELD).cpu().clone()
         weights, _ = ctx.store.published(client)
         scores = state_channel_scores(weights, self._groups)
-        return ChannelMasks.from_scores(self._groups, scores, self.grouping_ratio).to_vector()
+        return ChannelMasks.from_scores(self._groups, scores, self._grouping_ratio).to_vector()
 
     def _group(self, ctx: RoundContext, active: list[int], vectors: np.ndarray) -> Grouping:
         seed = derive_seed(ctx.seed, "prisam/grouping", ctx.round_idx) % (2 ** 32)
@@ -322,7 +407,8 @@ class PRISAM(GossipAlgorithm):
 
     def aggregate(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor] | None:
         model = ctx.module.model
-        if not messages:  # a warm-up round: local training under the current channels
+        ctx.scratch["prisam/warmup_done"] = int(ctx.store.read(ctx.node, WARMUP_FIELD))
+        if not messages:  # a warm-up round (or a lone device): local training under the current channels
             channels = ChannelMasks.from_vector(model, ctx.store.read(ctx.node, CHANNELS_FIELD).cpu())
             self._use_channels(ctx, channels)
             return None
@@ -366,8 +452,9 @@ class PRISAM(GossipAlgorithm):
 
     def local_train(self, ctx: TaskContext) -> float:
         loss = super().local_train(ctx)
-        first_prune = ctx.round_idx == self.warmup_rounds - 1
-        if first_prune or (self.prune_after_train and ctx.round_idx >= self.warmup_rounds):
+        done = ctx.scratch.get("prisam/warmup_done", self.warmup_rounds)
+        first_prune = done == self.warmup_rounds - 1  # the device's last warm-up round ends with its first prune
+        if first_prune or (self.prune_after_train and done >= self.warmup_rounds):
             model = ctx.module.model
             try:
                 channels = ChannelMasks.from_bn_scaling(model, self.rho(ctx.node))
@@ -387,6 +474,9 @@ class PRISAM(GossipAlgorithm):
         self._published[ctx.node] = (params, macs)
         ctx.report["kept_channels"] = float(vector.sum())
         ctx.report["compact_mmacs"] = macs / 1e6
+        done = ctx.scratch.get("prisam/warmup_done", self.warmup_rounds)
+        if done < self.warmup_rounds:
+            return {CHANNELS_FIELD: vector, WARMUP_FIELD: done + 1}
         return {CHANNELS_FIELD: vector}
 
     # -- round end --------------------------------------------------------------------------

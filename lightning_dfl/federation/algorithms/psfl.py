@@ -89,16 +89,17 @@ class PSFL(Algorithm):
         self._time_sum: np.ndarray = np.zeros(0)
         self._time_sq: np.ndarray = np.zeros(0)
         self._time_count: np.ndarray = np.zeros(0)
-        self._warm_times: list[list[float]] = []  # per warm-up round, every client's time
-        self._sigma2: list[float] = []  # per warm-up round and client
+        # every warm-up record is keyed by client id (warm-up rounds may see different client sets:
+        # dropout, a deadline, participants), never paired by list position
+        self._warm_times: list[dict[int, float]] = []  # per warm-up round: {client: t_n^k}
+        self._sigma2: list[dict[int, float]] = []  # per warm-up round: {client: sigma^2_(n,k)} (Eq. 24)
         self._b: list[float] = []  # per warm-up round
+        self._grad_norms: dict[int, float] = {}  # this warm-up round: {client: ||grad F_n(x^k)||^2}
         self._structure: tuple[int, int] | None = (None if self.sequences is None
                                                     else (self.sequences, self.clients_per_round // self.sequences))
         self._w_star: dict[str, float] = {}
         self._round_metrics: dict[str, float] = {}
         self._grad_sum: dict[str, Tensor] | None = None
-        self._grad_sq = 0.0
-        self._grad_count = 0
         self._warmup_time = 0.0
         self._time_to_target: float | None = None
         self._pending: tuple[list[int], tuple[float, ...] | None, bool] | None = None
@@ -177,14 +178,32 @@ class PSFL(Algorithm):
         self._pending = (clients, ctx.durations, True)
         return RoundPlan(ctx.round_idx, tasks, meta={"warmup": True})
 
+    def warmup_estimates(self) -> dict[str, float]:
+        """The warm-up's estimates (Eq. 24-26), every record paired by client id.
+
+        tbar and sigma^2 are means over all (round, client) records; B the mean of the rounds' B_k.
+        kappa^2 (Eq. 26) = (1/N') sum_n var_k(t_n^k): each client's population variance over the
+        warm-up rounds it took part in, averaged over the N' clients seen in at least two of them (a
+        variance needs two times; a client seen once says nothing about its spread); ``kappa2_max``
+        is the largest of those variances (notes 5). 0 when no client was seen twice."""
+        per_client: dict[int, list[float]] = {}
+        for row in self._warm_times:
+            for k, t in row.items():
+                per_client.setdefault(int(k), []).append(float(t))
+        all_times = [t for ts in per_client.values() for t in ts]
+        variances = [float(np.var(ts)) for _, ts in sorted(per_client.items()) if len(ts) >= 2]
+        sigma2 = [v for row in self._sigma2 for v in row.values()]
+        return {"t_mean": float(np.mean(all_times)) if all_times else 1.0,
+                "kappa2_mean": float(np.mean(variances)) if variances else 0.0,
+                "kappa2_max": float(np.max(variances)) if variances else 0.0,
+                "sigma2": float(np.mean(sigma2)) if sigma2 else 0.0,
+                "B": float(np.mean(self._b)) if self._b else 0.0}
+
     def _solve_structure(self) -> None:
         """Eq. 24-26 estimates, then W* of Eq. 21 under both kappa^2 estimators and (W, S) (notes 8)."""
-        times = self._warm_times
-        t_mean = float(np.mean([t for row in times for t in row]))
-        per_client = np.array(times).T  # clients x warm-up rounds
-        variances = per_client.var(axis=1)
-        kappa2 = {"mean": float(variances.mean()), "max": float(variances.max())}
-        sigma2, b = float(np.mean(self._sigma2)), float(np.mean(self._b))
+        est = self.warmup_estimates()
+        t_mean, sigma2, b = est["t_mean"], est["sigma2"], est["B"]
+        kappa2 = {"mean": est["kappa2_mean"], "max": est["kappa2_max"]}
         for name, k2 in kappa2.items():
             self._w_star[f"w_star_{name}"] = float(optimal_parallel_width(self.clients_per_round, sigma2, b, t_mean,
                                                                           max(k2, 1e-12), self.c0))
@@ -225,13 +244,17 @@ class PSFL(Algorithm):
         full = {k: v / count for k, v in grad_sum.items()}
         # sigma^2 = sum_b n_b ||g_b - g||^2 / n = sum_b n_b ||g_b||^2 / n - ||g||^2
         sigma2 = max(grad_sq / count - sum(float(v.square().sum()) for v in full.values()), 0.0)
-        self._sigma2.append(sigma2)
+        node = int(ctx.node)
+        while len(self._sigma2) <= ctx.round_idx:
+            self._sigma2.append({})
+        if node in self._grad_norms:
+            raise RuntimeError(f"PSFL warm-up: client {node} computed its gradient twice in round {ctx.round_idx}")
+        self._sigma2[ctx.round_idx][node] = sigma2
         if self._grad_sum is None:
             self._grad_sum = {k: torch.zeros_like(v) for k, v in full.items()}
         for k, v in full.items():
             self._grad_sum[k].add_(v)
-        self._grad_sq += sum(float(v.square().sum()) for v in full.values())
-        self._grad_count += 1
+        self._grad_norms[node] = sum(float(v.square().sum()) for v in full.values())
         return loss_sum / count
 
     def server_step(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor]:
@@ -240,13 +263,14 @@ class PSFL(Algorithm):
         # the warm-up server: B_k = mean_n ||g_n - g||^2, x^(k+1) = x^k - eta g (Alg. 1 lines 9-11)
         own, _ = ctx.store.published(ctx.node)
         new = {n: t.clone() for n, t in own.items()}
-        if self._grad_count:
-            mean = {k: v / self._grad_count for k, v in self._grad_sum.items()}
-            self._b.append(self._grad_sq / self._grad_count - sum(float(v.square().sum()) for v in mean.values()))
+        count = len(self._grad_norms)  # the clients whose gradients this round holds, by id
+        if count:
+            mean = {k: v / count for k, v in self._grad_sum.items()}
+            self._b.append(sum(self._grad_norms.values()) / count - sum(float(v.square().sum()) for v in mean.values()))
             lr = ctx.module.lr_at(ctx.round_idx)
             for k, g in mean.items():
                 new[k].sub_(g.to(new[k].device, new[k].dtype), alpha=lr)  # the store may be on another device
-        self._grad_sum, self._grad_sq, self._grad_count = None, 0.0, 0
+        self._grad_sum, self._grad_norms = None, {}
         return new
 
     # -- reporting and checkpoints ----------------------------------------------------------
@@ -257,7 +281,7 @@ class PSFL(Algorithm):
             clients, durations, warmup = self._pending
             self._observe(clients, durations)
             if warmup:
-                self._warm_times.append([1.0 if durations is None else float(durations[k]) for k in clients])
+                self._warm_times.append({int(k): 1.0 if durations is None else float(durations[k]) for k in clients})
             self._pending = None
         if metrics.get("psfl/warmup", self._round_metrics.get("psfl/warmup")):
             self._warmup_time += metrics.get("time/duration", 0.0)
@@ -281,8 +305,14 @@ class PSFL(Algorithm):
         self._time_sq = state["time_sq"].numpy().copy()
         self._time_count = state["time_count"].numpy().copy()
         self._num_clients = len(self._time_sum)
-        self._warm_times = [list(map(float, row)) for row in state["warm_times"]]
-        self._sigma2, self._b = list(map(float, state["sigma2"])), list(map(float, state["b"]))
+        # rows keyed by client id; a list row (older checkpoints) held the clients 0..n-1 in id order
+        keyed = lambda row: ({int(k): float(v) for k, v in row.items()} if isinstance(row, dict)  # noqa: E731
+                             else {k: float(v) for k, v in enumerate(row)})
+        self._warm_times = [keyed(row) for row in state["warm_times"]]
+        sigma2 = state["sigma2"]
+        self._sigma2 = ([keyed(row) for row in sigma2] if all(isinstance(row, dict) for row in sigma2)
+                        else [{k: float(v) for k, v in enumerate(sigma2)}])  # older: a flat list
+        self._b = list(map(float, state["b"]))
         self._w_star = {k: float(v) for k, v in state["w_star"].items()}
         self._warmup_time = float(state["warmup_time"])
         self._time_to_target = state["time_to_target"]

@@ -96,13 +96,14 @@ class SubFedAvg(FedAvg):
         acc_thresh: the accuracy (in [0, 1]) on the client's test set that a pruned model must exceed to
             be kept (code 50%).
 
-    Logged: ``acc/subnetwork_mean|std`` (w * m_i on every client's test set, the notes' evaluation;
-    ``acc/personal_mean`` is the sampled clients' trained models), ``subfedavg/density_mean`` (over
+    Logged: ``acc/subnetwork_mean|std`` (w * m_i on every client's test set, the notes' evaluation and
+    the headline, ``acc/headline``, so it compares with the other methods; ``acc/personal_mean`` is only
+    the sampled clients' trained models), ``subfedavg/density_mean`` (over
     all clients), ``subfedavg/pruned_clients`` (accepted prunings this round), ``flops/check``.
     """
 
     name = "subfedavg"
-    headline = "personal"
+    headline = "subnetwork"  # baselines-notes 9: w * m_i on every client's test set
 
     def __init__(self, clients_per_round: int = 10, prune_fraction: float = 0.1, target_density: float = 0.7,
                  dist_thresh: float = 1e-4, acc_thresh: float = 0.5) -> None:
