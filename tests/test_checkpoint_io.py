@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_nested_same
 
 from lightning_dfl.federation.checkpoint_io import (
     FORMAT,
@@ -32,19 +33,7 @@ def _state() -> dict:
 
 
 def _assert_same(a, b) -> None:
-    assert type(a) is type(b)
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for key in a:
-            _assert_same(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _assert_same(x, y)
-    else:
-        assert a == b
+    assert_nested_same(a, b, lambda x, y: torch.equal(x, y) or pytest.fail(f"{x} != {y}"), same_types=True)
 
 
 # -- writing -----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import warnings
 
 import pytest
 import torch
+from _helpers import assert_nested_same
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
@@ -369,21 +370,14 @@ def _raw(t):
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
+def _same_cpu_tensor(a, b):
+    assert type(a) is torch.Tensor and type(b) is torch.Tensor and a.device == b.device == CPU
+    assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(_raw(a), _raw(b))
+
+
 def _assert_same(a, b):
     """Nested reads equal bit for bit (``-0.0`` differs from ``0.0``)."""
-    if isinstance(a, torch.Tensor):
-        assert type(a) is torch.Tensor and type(b) is torch.Tensor and a.device == b.device == CPU
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(_raw(a), _raw(b))
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for key in a:
-            _assert_same(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _assert_same(x, y)
-    else:
-        assert a == b
+    assert_nested_same(a, b, _same_cpu_tensor)
 
 
 def _held(store):
