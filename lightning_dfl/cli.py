@@ -1,7 +1,10 @@
 """The command line: ``lightning-dfl fit --config configs/<file>.yaml`` through LightningCLI.
 
-An error about the user's input (a config value, an unknown name, a path, a data set, a checkpoint, YAML)
-ends the command with one line on stderr and exit code 2; ``--debug`` (anywhere on the command line) or
+An error about the user's input (a config value, an unknown name, a path, a data set, a checkpoint, YAML),
+raised by validation before the first round, ends the command with one line on stderr and exit code 2. A run
+in which every client diverged ends with one line and exit code 3. Anything else, and any error raised inside
+a round whatever its type, is a bug: its traceback, exit code 1 and a last line saying where to report it
+(:mod:`lightning_dfl.errors`). ``--debug`` (anywhere on the command line) or
 ``LIGHTNING_DFL_DEBUG=1`` shows the traceback instead. Ctrl-C prints how to resume, not a traceback.
 """
 
@@ -22,6 +25,7 @@ from typing import Any, NoReturn
 from jsonargparse import DefaultHelpFormatter
 
 from lightning_dfl.analysis import SUBCOMMANDS
+from lightning_dfl.errors import DIVERGED_EXIT_CODE, RunDiverged, raised_in_round
 
 # torch, Lightning and the project's modules that need them are imported where they are used (``fit`` in
 # lightning_dfl.fit_cli), so that ``--help``, ``--version`` and the analysis subcommands start in a moment
@@ -349,6 +353,33 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+#: the last line after a bug's traceback
+REPORT_HINT = ("this is a bug in lightning-dfl, not a problem with your input: please report it to the "
+               "lightning-dfl issue tracker with the traceback above, the command line, the config and the output "
+               f"of '{PROG} --version'")
+
+
+def _diverged(err: BaseException) -> BaseException | None:
+    """The :class:`~lightning_dfl.errors.RunDiverged` in ``err``'s chain (every client diverged), if any."""
+    return next((e for e in _chain(err) if isinstance(e, RunDiverged)), None)
+
+
+def _stop(err: BaseException) -> NoReturn:
+    """Every client diverged: a known condition of the training, explained in one line (not bad input, not a bug)."""
+    sys.stderr.write(f"{PROG}: error: the run diverged: {' '.join(str(err).split())} {DEBUG_HINT}\n")
+    raise SystemExit(getattr(err, "exit_code", DIVERGED_EXIT_CODE))
+
+
+def _bug(err: BaseException) -> NoReturn:
+    """A bug (any error raised inside a round, or one that is not about the input): its traceback, exit 1,
+    and one last line saying where to report it."""
+    traceback.print_exception(err)
+    round_idx = raised_in_round(err)
+    where = f" (raised in round {round_idx})" if round_idx is not None else ""
+    sys.stderr.write(f"{PROG}: internal error{where}: {REPORT_HINT}\n")
+    raise SystemExit(1)
+
+
 def _interrupted(err: KeyboardInterrupt) -> NoReturn:
     """Ctrl-C / SIGTERM: what the trainer saved and the command that resumes (if it says), no traceback."""
     what = " ".join(str(err).split())
@@ -452,7 +483,8 @@ def _run(args: list[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the ``lightning-dfl`` console script: one line (exit code 2) for bad input."""
+    """Entry point of the ``lightning-dfl`` console script: one line for bad input (exit code 2) and for a
+    diverged run (3); a bug's traceback with where to report it (1)."""
     args, debug = _debug(list(sys.argv[1:] if argv is None else argv))
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
@@ -469,9 +501,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         _interrupted(err)
     except Exception as err:
-        if debug or not is_user_error(err):
+        if debug:
             raise
-        _fail(error_message(err))
+        diverged = _diverged(err)
+        if diverged is not None:
+            _stop(diverged)
+        if raised_in_round(err) is None and is_user_error(err):
+            _fail(error_message(err))
+        _bug(err)
 
 
 if __name__ == "__main__":

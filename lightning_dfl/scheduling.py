@@ -1,8 +1,9 @@
 """DA-DPFL's schedules: when to prune (Eq. 4-6) and who waits for whom (Sec. IV-B).
 
-Pure computation (numpy, the standard library and the simulated clock of
-``lightning_dfl.federation.clock``): the federation's planner and the voting and pruning
-callbacks call these functions; the CLI prints :func:`format_schedule_table`.
+Pure computation (numpy and the standard library; below the federation, which it never imports:
+its clock, ``lightning_dfl.federation.clock``, builds on :func:`finish_times` and is passed in as a
+:class:`ComputeTimes`): the federation's planner and the voting and pruning callbacks call these
+functions; the CLI prints :func:`format_schedule_table`.
 
 Pruning time (papers' errata applied):
 
@@ -27,13 +28,45 @@ global minimiser ``W*`` (:func:`optimal_parallel_width`) and the integer ``(W, S
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from lightning_dfl.checks import check_int, is_number
-from lightning_dfl.federation.clock import Clock, finish_times
+
+# ---------------------------------------------------------------------------------------------
+# Simulated time: when each task starts and ends (the federation's clock builds on it)
+# ---------------------------------------------------------------------------------------------
+
+
+class ComputeTimes(Protocol):
+    """What :func:`simulate_dynamic_aggregation` needs of a clock
+    (:class:`lightning_dfl.federation.clock.Clock` is one): set up, then per-round compute times."""
+
+    def setup(self, num_clients: int, num_servers: int = 0, seed: int = 0) -> None: ...
+
+    def compute_times(self, round_idx: int) -> Sequence[float]: ...
+
+
+#: per node, the times its inputs become available, given the finish times of the nodes before it
+Arrivals = Callable[[int, Mapping[int, float]], Iterable[float]]
+Durations = Sequence[float] | Mapping[int, float]
+
+
+def finish_times(order: Iterable[int], arrivals: Arrivals, durations: Durations) -> dict[int, tuple[float, float]]:
+    """``(start, finish)`` per node, visiting ``order`` (a topological order): node k starts at the
+    latest of ``arrivals(k, finish)`` (0 when there is none) and finishes ``durations[k]`` later
+    (DA-DPFL Sec. IV-B; ``finish`` holds the nodes already visited)."""
+    finish: dict[int, float] = {}
+    times: dict[int, tuple[float, float]] = {}
+    for node in order:
+        start = max(arrivals(node, finish), default=0.0)
+        finish[node] = start + durations[node]
+        times[node] = (start, finish[node])
+    return times
+
 
 # ---------------------------------------------------------------------------------------------
 # When to prune: Eq. 4-6
@@ -337,7 +370,7 @@ _BATCH_ELEMENTS = 4_000_000
 
 
 def simulate_dynamic_aggregation(num_clients: int, num_neighbors: int, max_wait: int,
-                                 rounds: int = 10_000, seed: int = 0, clock: Clock | None = None) -> SchedulingStats:
+                                 rounds: int = 10_000, seed: int = 0, clock: ComputeTimes | None = None) -> SchedulingStats:
     """Monte-Carlo estimate of parallelism and delay (Sec. VI-E, Figs. 8-9).
 
     Each round every client gets ``num_neighbors`` (M) distinct random other clients and one

@@ -281,3 +281,57 @@ def test_the_algorithms_and_the_clocks_state_are_restored(tmp_path):
     assert len({t["time/duration"] for t in times(straight.history)}) == 3  # the per-round noise is drawn
     for name in straight.store.names:
         assert torch.equal(straight.store.weights[name], resumed.store.weights[name])
+
+
+# -- a poisoned checkpoint is refused on load ----------------------------------------------------
+
+
+def _poisoned(source, target, poison):
+    from lightning_dfl.federation.checkpoint_io import write_state
+
+    state = read_state(source)
+    poison(state)
+    return write_state(target, state)
+
+
+def _nan_client_3(state):
+    weights = state["store"]["weights"]
+    name = sorted(weights)[0]
+    weights[name][0, 3].view(-1)[0] = float("nan")
+    weights[name][1, 3].view(-1)[0] = float("nan")
+    return name
+
+
+@pytest.mark.parametrize("store", ["dense", "compact"])
+def test_a_checkpoint_with_non_finite_weights_is_refused_naming_client_and_parameter(tmp_path, store):
+    trainer = _trainer(tmp_path / "saved", callbacks=[Started()], rounds=1, checkpoint_every=1, store=store)
+    trainer.fit(*_parts())
+    named = {}
+
+    def poison(state):
+        if store == "dense":
+            named["name"] = _nan_client_3(state)
+        else:
+            values = state["store"]["records"][3]["values"]
+            named["name"] = sorted(values)[0]
+            values[named["name"]].view(-1)[0] = float("inf")
+
+    ckpt = _poisoned(trainer.checkpoint_path, tmp_path / "nan.ckpt", poison)
+    started = Started()
+    resumed = _trainer(tmp_path / "resumed", callbacks=[started], rounds=2, store=store)
+    with pytest.raises(CheckpointError, match="non-finite") as info:
+        resumed.fit(*_parts(), ckpt_path=str(ckpt))
+    message = str(info.value)
+    assert "\n" not in message and "client 3" in message and repr(named["name"]) in message, message
+    assert started.events == [] and resumed.history == []  # refused before any training
+
+
+def test_a_checkpoint_with_non_finite_field_or_algorithm_state_is_refused(saved, tmp_path):
+    ckpt, _ = saved
+
+    def poison(state):
+        state["algorithm"]["poison"] = torch.tensor([1.0, float("inf")])
+
+    bad = _poisoned(ckpt, tmp_path / "inf.ckpt", poison)
+    with pytest.raises(CheckpointError, match=r"non-finite .*the algorithm's state\['poison'\]"):
+        _trainer(tmp_path / "r", callbacks=[Started()], rounds=3).fit(*_parts(), ckpt_path=str(bad))

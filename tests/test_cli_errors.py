@@ -205,17 +205,23 @@ def test_debug_flag_and_environment_variable_raise_the_original_error(tmp_path, 
 def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch, capsys, where):
     """Not every exception is bad input: one raised by a bug (here a ZeroDivisionError) propagates as it is,
     also when jsonargparse wraps it while instantiating a class from the config."""
+    import functools
+
     from lightning_dfl.federation.algorithms import DisPFL
 
+    owner, name = (DisPFL, "__init__") if where == "algorithm_init" else (FederatedTrainer, "fit")
+
+    @functools.wraps(getattr(owner, name))  # the same signature: jsonargparse accepts the config's options
     def broken(self, *args, **kwargs):
         return 1 / 0
 
-    monkeypatch.setattr(DisPFL if where == "algorithm_init" else FederatedTrainer,
-                        "__init__" if where == "algorithm_init" else "fit", broken)
-    with pytest.raises((ZeroDivisionError, ValueError)) as info:
+    monkeypatch.setattr(owner, name, broken)
+    with pytest.raises(SystemExit) as info:
         main(_fit(tmp_path))
-    assert isinstance(info.value, ZeroDivisionError) or isinstance(info.value.__cause__, ZeroDivisionError)
-    assert "lightning-dfl: error" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert info.value.code == 1, err
+    assert "Traceback" in err and "ZeroDivisionError" in err and "lightning-dfl: error" not in err
+    assert err.strip().splitlines()[-1].startswith("lightning-dfl: internal error: this is a bug in lightning-dfl")
 
 
 def test_a_real_console_shows_the_line_and_nothing_else():
@@ -338,3 +344,53 @@ def test_a_bad_checkpoint_leaves_no_run_folder(tmp_path, files, capsys):
         main(args)
     assert info.value.code == 2 and "not a checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("config.yaml"))
+
+
+def test_a_checkpoint_holding_nan_is_refused_in_one_line_before_training(tmp_path, capsys, monkeypatch):
+    from lightning_dfl.federation.checkpoint_io import read_state, write_state
+
+    blocked = FederatedTrainer.run_round
+    monkeypatch.undo()  # the run that writes the checkpoint trains one round
+    main(_fit(tmp_path, "--trainer.checkpoint_every=1"))
+    monkeypatch.setattr(FederatedTrainer, "run_round", blocked)  # the resume must not
+    ckpt = tmp_path / "runs" / "checkpoints" / "last.ckpt"
+    state = read_state(ckpt)
+    name = sorted(state["store"]["weights"])[0]
+    state["store"]["weights"][name][:, 3] = float("nan")
+    write_state(ckpt, state)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, "--trainer.rounds=2", f"--ckpt_path={ckpt}"))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "non-finite" in err and "client 3" in err and repr(name) in err
+    assert read_state(ckpt)["next_round"] == 1  # no round ran: the file is as it was
+
+
+@pytest.mark.parametrize("error", [ValueError("setting an array element with a sequence"), KeyError("w"),
+                                   FileNotFoundError("x.npy")], ids=["ValueError", "KeyError", "FileNotFoundError"])
+def test_an_error_raised_inside_a_round_is_a_bug_not_bad_input(tmp_path, monkeypatch, capsys, error):
+    """Only validation (before the first round) reports bad input; whatever a round raises is a bug."""
+
+    def run_round(self, round_idx):
+        raise error
+
+    monkeypatch.setattr(FederatedTrainer, "run_round", run_round)
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path))
+    err = capsys.readouterr().err
+    assert info.value.code == 1, err
+    assert "Traceback" in err and type(error).__name__ in err and "lightning-dfl: error" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lightning-dfl: internal error (raised in round 0): this is a bug") and "report" in last
+
+
+def test_every_client_diverging_is_one_line_naming_round_clients_and_cause(tmp_path, monkeypatch, capsys):
+    monkeypatch.undo()  # it trains a round
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, "--model.lr=1e30"))
+    err = capsys.readouterr().err
+    assert info.value.code == 3, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("lightning-dfl: error: the run diverged: round 0: every client that trained (20: [0, 1, 2")
+    assert "learning rate is probably too high" in err

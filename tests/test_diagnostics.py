@@ -312,3 +312,25 @@ def test_plot_command_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["plot", "diagnostics", str(tmp_path)])
     assert "has no diag/* metrics" in capsys.readouterr().err
+
+
+def test_the_round_accounting_is_the_one_byte_ledger():
+    """``RoundAccounting.transfer`` counts a message and passes it on to its observer (the diagnostics),
+    except a transfer replayed with ``notify=False``."""
+    from lightning_dfl.federation.accounting import RoundAccounting
+
+    class Recorder:
+        def __init__(self):
+            self.seen = []
+
+        def transfer(self, sender, receiver, value_bytes, index_bytes=0):
+            self.seen.append((sender, receiver, value_bytes, index_bytes))
+
+    recorder = Recorder()
+    accounting = RoundAccounting(3, observer=recorder)
+    accounting.transfer(0, 1, 40, 2)
+    accounting.transfer(1, 0, 8)
+    accounting.transfer(2, 0, 4, 1, notify=False)
+    assert recorder.seen == [(0, 1, 40, 2), (1, 0, 8, 0)]
+    assert dict(accounting.upload) == {0: 40, 1: 8, 2: 4} and dict(accounting.mask_upload) == {0: 2, 2: 1}
+    RoundAccounting(3).transfer(0, 1, 40, 2)  # no observer: counted only

@@ -77,6 +77,36 @@ def test_a_client_whose_update_is_not_finite_is_contained(tmp_path):
     assert trainer.history[-1]["acc/personal_mean"] > 0.3
 
 
+class Huge(Poison):
+    """Makes the given clients' weights finite but huge (3e38, near float32's largest) in ``round_idx``."""
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_round == self.round_idx and trainer.current_client in self.clients:
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(3e38)
+
+
+def test_a_client_publishing_finite_but_huge_weights_is_contained_and_named_as_the_sender(tmp_path):
+    """Its receivers' aggregates would overflow to inf; the sender is flagged, not its neighbours."""
+    model, dm = _parts()
+    bounded = []
+
+    class Watch(FederatedCallback):
+        def on_federated_round_end(self, trainer, pl_module):
+            bounded.append(all(bool(t.abs().max() <= 1e30) for t in trainer.store.weights.values()))
+
+    trainer = _trainer(DisPFL(num_neighbors=4), callbacks=[Huge({2}), Watch()], default_root_dir=str(tmp_path),
+                       logger=True)
+    trainer.fit(model, dm)
+    assert [m["faults/nonfinite_clients"] for m in trainer.history] == [0.0, 1.0, 0.0]
+    rows = (tmp_path / "dispfl" / "version_0" / "clients.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    flagged = [r.split(",") for r in rows[1:] if r.split(",")[header.index("nonfinite")] == "1"]
+    assert [(int(r[0]), int(r[1])) for r in flagged] == [(1, 2)]  # round 1, client 2: the sender
+    assert bounded == [True, True, True]  # no neighbour ever received the huge model
+    assert all(math.isfinite(m["acc/personal_mean"]) for m in trainer.history)
+
+
 def test_a_round_in_which_every_client_fails_stops_the_run_naming_them():
     model, dm = _parts(4)
     trainer = _trainer(DisPFL(num_neighbors=2), callbacks=[Poison({0, 1, 2, 3})])

@@ -5,12 +5,15 @@ from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.messages import (
     CODECS,
     DenseCodec,
+    GSGDCodec,
     MaskedCodec,
     QuantizedCodec,
     RandomKCodec,
     TopKCodec,
     build_codec,
+    choose_codec,
     gather_messages,
+    masked_codec,
 )
 from lightning_dfl.federation.state import ClientStore
 
@@ -198,7 +201,7 @@ def test_quantized_constant_tensor_is_exact():
     (lambda: DenseCodec(bytes_per_value=0), r"bytes_per_value must be an integer >= 1, got 0"),
     (lambda: TopKCodec(0.5, bytes_per_index=-1), r"bytes_per_index .* got -1"),
     (lambda: MaskedCodec(send_mask="yes"), r"send_mask must be True or False, got 'yes'"),
-    (lambda: build_codec("gzip"), r"unknown codec 'gzip'; allowed: masked, dense, top_k, random_k, quantized"),
+    (lambda: build_codec("gzip"), r"unknown codec 'gzip'; allowed: masked, dense, top_k, random_k, quantized, gsgd"),
 ])
 def test_bad_arguments_are_refused(build, match):
     with pytest.raises(ValueError, match=match):
@@ -214,10 +217,40 @@ def test_random_draws_need_a_generator():
 
 
 def test_registry_builds_each_codec():
-    assert set(CODECS) == {"masked", "dense", "top_k", "random_k", "quantized"}
+    assert set(CODECS) == {"masked", "dense", "top_k", "random_k", "quantized", "gsgd"}
     codec = build_codec("top_k", ratio=0.25, bytes_per_index=2)
     assert isinstance(codec, TopKCodec) and (codec.ratio, codec.bytes_per_index) == (0.25, 2)
     assert codec.state_dict() == {}
     codec.load_state_dict({})
     with pytest.raises(ValueError, match="holds no state"):
         codec.load_state_dict({"residual": torch.zeros(1)})
+
+
+# -- one registry: every algorithm's codec comes from messages.CODECS ----------------------------------
+def test_gsgd_is_in_the_registry():
+    codec = build_codec("gsgd", bits=5, noise="normal")
+    assert isinstance(codec, GSGDCodec) and (codec.bits, codec.noise) == (5, "normal")
+
+
+def test_choose_codec_takes_the_settings_each_codec_knows():
+    allowed = ("gsgd", "top_k", "identity")
+    assert isinstance(choose_codec("identity", allowed, bits=9, ratio=0.2), DenseCodec)  # an alias of dense
+    top = choose_codec("top_k", allowed, bits=9, ratio=0.2, noise="uniform")
+    assert isinstance(top, TopKCodec) and (top.ratio, top.bytes_per_index) == (0.2, 4)
+    fixed = choose_codec("random_k", {"random_k": {"bytes_per_index": 0}}, ratio=0.5)
+    assert isinstance(fixed, RandomKCodec) and fixed.bytes_per_index == 0
+    with pytest.raises(ValueError, match="unknown compressor 'quantized'; allowed: gsgd, top_k, identity"):
+        choose_codec("quantized", allowed, "compressor")
+
+
+def test_algorithms_choose_their_codecs_from_the_registry():
+    from lightning_dfl.federation.algorithms.beer import BEER
+    from lightning_dfl.federation.algorithms.gossipfl import GossipFL
+
+    assert masked_codec(True) is masked_codec(True) and masked_codec(True).send_mask
+    assert not masked_codec(False).send_mask
+    for compressor in ("gsgd", "top_k", "random_k", "identity"):
+        codec = BEER(compressor=compressor)._codec
+        assert type(codec) is CODECS[{"identity": "dense"}.get(compressor, compressor)]
+    assert GossipFL(compressor="random_k")._codec.bytes_per_index == 0
+    assert GossipFL(compressor="top_k")._codec.bytes_per_index == 4

@@ -327,3 +327,18 @@ def test_pruning_rounds_long_horizons_do_not_overflow():
     assert pruning_rounds(0, 3000, c=0.5) == list(range(1, 3000))
     # Growing gaps end the schedule long before c^(p-1) underflows.
     assert pruning_rounds(10, 10**6, c=0.5)[-1] == 655351
+
+
+def test_scheduling_sits_below_the_federation():
+    """DESIGN.md's layers: the pure schedules never import the federation (its clock builds on them)."""
+    import ast
+    from pathlib import Path
+
+    import lightning_dfl.scheduling as scheduling
+    from lightning_dfl.federation import clock
+
+    tree = ast.parse(Path(scheduling.__file__).read_text())
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert not [m for m in imported if m.startswith("lightning_dfl.federation")], imported
+    assert clock.finish_times is scheduling.finish_times  # one function, re-exported by the clock

@@ -92,6 +92,63 @@ def test_an_algorithm_that_has_not_opted_in_is_refused_with_the_ones_that_have()
         check_shardable(DPSGDFT(), [])
 
 
+# -- the class flags: inherited by a plain subclass, re-declared by one that changes behaviour --------------
+class RenamedDisPFL(DisPFL):
+    """A plain subclass: new defaults and a title, nothing a task does changes."""
+
+    title = "DisPFL (M = 2)"
+
+    def __init__(self, num_neighbors: int = 2, **kwargs):
+        super().__init__(num_neighbors=num_neighbors, **kwargs)
+
+
+class CountingDisPFL(DisPFL):
+    """Changes a hook (task state of its own): it loses both flags unless it says them again."""
+
+    def aggregate(self, ctx, messages):
+        self.calls = getattr(self, "calls", 0) + 1
+        return super().aggregate(ctx, messages)
+
+
+class RedeclaredDisPFL(CountingDisPFL):
+    shardable = True
+    reads_only_sources = True
+
+
+class OptedOutDisPFL(DisPFL):
+    shardable = False
+
+
+def test_a_plain_subclass_inherits_the_class_flags():
+    for flag in ("shardable", "reads_only_sources"):
+        assert RenamedDisPFL.declares(flag) and DisPFL.declares(flag)
+    check_shardable(RenamedDisPFL(), [])
+
+
+def test_a_subclass_that_changes_behaviour_declares_the_flags_again():
+    for flag in ("shardable", "reads_only_sources"):
+        assert not CountingDisPFL.declares(flag)
+        assert RedeclaredDisPFL.declares(flag)
+    with pytest.raises(ValueError, match="CountingDisPFL cannot shard"):
+        check_shardable(CountingDisPFL(), [])
+    check_shardable(RedeclaredDisPFL(), [])
+    assert not OptedOutDisPFL.declares("shardable") and OptedOutDisPFL.declares("reads_only_sources")
+    with pytest.raises(ValueError, match="OptedOutDisPFL cannot shard"):
+        check_shardable(OptedOutDisPFL(), [])
+    with pytest.raises(ValueError, match="unknown flag 'sharded'"):
+        DisPFL.declares("sharded")
+
+
+def test_the_registered_algorithms_flags_are_their_own_declarations():
+    """Every registered algorithm declares the flags it has in its own body (none relies on inheriting)."""
+    from lightning_dfl.federation.algorithms import ALGORITHMS
+
+    for name in ALGORITHMS.names():
+        cls = ALGORITHMS.get(name)
+        for flag in ("shardable", "reads_only_sources"):
+            assert cls.declares(flag) == bool(vars(cls).get(flag, False)), (name, flag)
+
+
 def test_a_callback_with_task_state_but_no_protocol_is_refused():
     class CountsClients(FederatedCallback):
         def on_client_end(self, trainer, pl_module, client_id):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from torch import Tensor
 
@@ -41,9 +42,20 @@ class ClientRecord:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+class TransferObserver(Protocol):
+    """What else wants every message's bytes (the run's diagnostics,
+    :class:`~lightning_dfl.federation.diagnostics.RunDiagnostics`): told by :meth:`RoundAccounting.transfer`."""
+
+    def transfer(self, sender: int, receiver: int, value_bytes: int, index_bytes: int = 0) -> None: ...
+
+
 @dataclass
 class RoundAccounting:
-    """Collects the records of one round and turns them into logged metrics."""
+    """Collects the records of one round and turns them into logged metrics.
+
+    The one byte ledger callers write to: :meth:`transfer` counts a message and passes it on to the
+    ``observer`` (``RoundAccounting(round_idx, observer=diagnostics)``), so a caller never tells the
+    diagnostics itself."""
 
     round_idx: int
     records: list[ClientRecord] = field(default_factory=list)
@@ -53,16 +65,22 @@ class RoundAccounting:
     mask_upload: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     #: bytes per (sender, receiver) edge, for the clock's transfer times
     edge_bytes: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
+    #: told of every transfer after it is counted (``None``: nobody)
+    observer: TransferObserver | None = field(default=None, repr=False, compare=False)
 
-    def transfer(self, sender: int, receiver: int, value_bytes: int, index_bytes: int = 0) -> None:
+    def transfer(self, sender: int, receiver: int, value_bytes: int, index_bytes: int = 0, *,
+                 notify: bool = True) -> None:
         """One message crossing the network: its values' bytes and its side information's (mask
-        bits, indices), as the message's codec counted them."""
+        bits, indices), as the message's codec counted them; passed on to the :attr:`observer` unless
+        ``notify`` is false (a transfer the observer was already told of, e.g. replayed from a shard)."""
         self.upload[sender] += value_bytes
         self.download[receiver] += value_bytes
         self.edge_bytes[(sender, receiver)] += value_bytes + index_bytes
         if index_bytes:
             self.mask_upload[sender] += index_bytes
             self.mask_download[receiver] += index_bytes
+        if notify and self.observer is not None:
+            self.observer.transfer(sender, receiver, value_bytes, index_bytes)
 
     def read_device_values(self) -> None:
         """Turn the records' values still on the device (losses and accuracies left there by the tasks,

@@ -131,7 +131,8 @@ class BatchedExecutor(SerialExecutor):
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
-        accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
+        accounting = accounting if accounting is not None else RoundAccounting(
+            plan.round_idx, observer=getattr(self.trainer, "diag", None))
         t = self.trainer
         reads = self.start_reads(plan)
         for level in plan.levels():

@@ -17,9 +17,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_dfl.federation.checkpoint_io import compare_identity, read_state, write_state
+from lightning_dfl.federation.checkpoint_io import CheckpointError, compare_identity, read_state, write_state
 
 
 def _plain(value: Any) -> Any:
@@ -61,6 +62,73 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike) -> Path:
     })
 
 
+def _nonfinite(tensor: Any, allow_nan: bool = False) -> bool:
+    """Whether a floating ``tensor`` holds inf (or NaN, unless ``allow_nan``): one read of the device."""
+    if not isinstance(tensor, torch.Tensor) or not (tensor.is_floating_point() or tensor.is_complex()):
+        return False
+    return bool(torch.isinf(tensor).any() if allow_nan else ~torch.isfinite(tensor).all())
+
+
+def _first_bad_node(tensor: torch.Tensor, node_dim: int) -> int:
+    bad = ~torch.isfinite(tensor)
+    other = [d for d in range(bad.dim()) if d != node_dim]
+    return int(bad.any(dim=other).nonzero()[0, 0]) if other else int(bad.nonzero()[0, 0])
+
+
+def check_finite(state: dict[str, Any], store: Any, path: str | os.PathLike) -> None:
+    """Refuse a checkpoint that holds an inf or NaN: every weight of every node (both slots), every store
+    field, the algorithm's and the callbacks' tensors. A field declared with a NaN fill (NaN marks "not set
+    yet") and a callback's tensors (their records use NaN the same way) may hold NaN, never inf.
+
+    Raises:
+        CheckpointError: one line naming the file, the node (client) and the parameter.
+    """
+    where = repr(str(path))
+
+    def refuse(what: str) -> CheckpointError:
+        return CheckpointError(f"the checkpoint {where} holds non-finite values (NaN or inf) in {what}; it is not "
+                               "loaded, since its clients would spread them to their neighbours (resume from an "
+                               "earlier checkpoint or start afresh)")
+
+    saved = state.get("store")
+    saved = saved if isinstance(saved, dict) else {}
+    specs = getattr(store, "field_specs", {})
+    if saved.get("format") == "compact":  # a record per node: its values (active entries) per parameter
+        for node, record in enumerate(saved.get("records") or []):
+            for name, values in ((record or {}).get("values") or {}).items():
+                if _nonfinite(values):
+                    raise refuse(f"node {node}'s (client {node}) parameter {name!r}")
+    else:  # one stacked tensor per parameter: (slot, node, ...)
+        for name, values in (saved.get("weights") or {}).items():
+            if _nonfinite(values):
+                node = _first_bad_node(values, 1) if values.dim() > 1 else 0
+                raise refuse(f"node {node}'s (client {node}) parameter {name!r}")
+    for field, parts in (saved.get("fields") or {}).items():
+        spec = specs.get(field)
+        allow_nan = spec is not None and isinstance(spec.fill, float) and spec.fill != spec.fill
+        node_dim = 1 if spec is not None and spec.published else 0
+        for part, values in (parts or {}).items():
+            if _nonfinite(values, allow_nan):
+                label = f"field {field!r}" + (f" (parameter {part!r})" if part else "")
+                if allow_nan or values.dim() <= node_dim:
+                    raise refuse(label)
+                node = _first_bad_node(values, node_dim)
+                raise refuse(f"node {node}'s (client {node}) {label}")
+
+    def walk(value: Any, key: str, allow_nan: bool) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}[{k!r}]", allow_nan)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]", allow_nan)
+        elif _nonfinite(value, allow_nan):
+            raise refuse(key)
+
+    walk(state.get("algorithm"), "the algorithm's state", False)
+    walk(state.get("callbacks"), "the callbacks' state", True)
+
+
 def load_checkpoint(trainer: Any, path: str | os.PathLike, allow: Iterable[str] = ()) -> int:
     """Restore a set-up trainer from ``path``; return the round to continue with.
 
@@ -73,6 +141,7 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, allow: Iterable[str] 
     if changed:
         rank_zero_info("Resuming with changed settings: " + "; ".join(
             f"{k}: checkpoint={state['identity'].get(k)!r} now={identity.get(k)!r}" for k in changed))
+    check_finite(state, trainer.store, path)
     trainer.store.load_state_dict(state["store"])
     trainer.algorithm.load_state_dict(state["algorithm"])
     trainer.clock.load_state_dict(state["clock"])

@@ -5,7 +5,8 @@
   ``values``; each round ``t_k^(r) = t_k (1 + noise z)``, ``z ~ N(0, 1)``, floored at ``min_time``.
 * Transfer times: ``latency + bytes / bandwidth`` per message.
 * Schedule (DA-DPFL Sec. IV-B): a task starts once every model it reads has arrived and the tasks
-  it runs after have ended, and lasts its compute time.
+  it runs after have ended, and lasts its compute time (:func:`lightning_dfl.scheduling.finish_times`,
+  the pure layer below the federation, re-exported here).
 
 Every draw has its own stream ``derive_seed(seed, "clock/...", ...)``, so a client's times depend
 neither on the number of clients nor on the order in which they are drawn.
@@ -14,32 +15,16 @@ neither on the number of clients nor on the order in which they are drawn.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.plan import RoundPlan
+from lightning_dfl.scheduling import Arrivals, Durations, finish_times  # noqa: F401 (re-exported)
 from lightning_dfl.seeding import derive_seed
 
 DISTRIBUTIONS = ("fixed", "uniform", "exponential", "normal", "discrete")
-
-#: per node, the times its inputs become available, given the finish times of the nodes before it
-Arrivals = Callable[[int, Mapping[int, float]], Iterable[float]]
-Durations = Sequence[float] | Mapping[int, float]
-
-
-def finish_times(order: Iterable[int], arrivals: Arrivals, durations: Durations) -> dict[int, tuple[float, float]]:
-    """``(start, finish)`` per node, visiting ``order`` (a topological order): node k starts at the
-    latest of ``arrivals(k, finish)`` (0 when there is none) and finishes ``durations[k]`` later
-    (DA-DPFL Sec. IV-B; ``finish`` holds the nodes already visited)."""
-    finish: dict[int, float] = {}
-    times: dict[int, tuple[float, float]] = {}
-    for node in order:
-        start = max(arrivals(node, finish), default=0.0)
-        finish[node] = start + durations[node]
-        times[node] = (start, finish[node])
-    return times
 
 
 def default_durations(plan: RoundPlan) -> dict[int, float]:

@@ -24,6 +24,21 @@ from lightning_dfl.transfers import copy_all_
 if TYPE_CHECKING:
     from lightning_dfl.federation.trainer import FederatedTrainer
 
+#: the largest magnitude a published weight may have: a model with a larger one (finite or not) is contained
+#: at its sender. 1e30 leaves a margin of 3e8 to float32's (and bfloat16's) largest value, so that no weighted
+#: sum of published models overflows; dtypes with a smaller range (float16) are bounded by their own largest.
+PUBLISH_BOUND = 1e30
+
+
+def _within_bound(tensor: Tensor) -> Tensor:
+    """A 0-dim bool on ``tensor``'s device: every entry finite and of magnitude <= :data:`PUBLISH_BOUND` (no read)."""
+    if not tensor.is_floating_point():
+        return torch.isfinite(tensor).all()
+    low, high = torch.aminmax(tensor)  # NaN propagates into both: the comparisons are then False
+    bound = min(PUBLISH_BOUND, torch.finfo(tensor.dtype).max)
+    return (low >= -bound) & (high <= bound)
+
+
 #: the store field of a kept optimizer state entry (``Algorithm.keep_optimizer_state``)
 OPTIMIZER_FIELD = "optimizer/{}"
 OPTIMIZER_STARTED = "optimizer/started"
@@ -38,7 +53,8 @@ class SerialExecutor:
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
         """Run ``plan`` (exchange ``exchange`` of its round); add to ``accounting`` (records, bytes)."""
-        accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
+        accounting = accounting if accounting is not None else RoundAccounting(
+            plan.round_idx, observer=getattr(self.trainer, "diag", None))
         reads = self.start_reads(plan)
         for level in plan.levels():
             for task in level:
@@ -49,7 +65,7 @@ class SerialExecutor:
     def start_reads(self, plan: RoundPlan) -> StartReads | None:
         """The plan's pending reads of start-of-round models, reported to the store as they end
         (``None`` unless the algorithm's :attr:`~Algorithm.reads_only_sources`)."""
-        if not vars(type(self.trainer.algorithm)).get("reads_only_sources", False):  # a subclass says it itself
+        if not type(self.trainer.algorithm).declares("reads_only_sources"):  # inherited unless a subclass changes behaviour
             return None
         return StartReads(plan, self.trainer.store.release_start)
 
@@ -88,13 +104,10 @@ class SerialExecutor:
         store, module, node = t.store, t.module, task.node
         ctx = self._context(task, exchange)
         messages = []
-        diag = getattr(t, "diag", None)
         for source in task.sources:
             message = algorithm.message(ctx, source)
-            if source.node != node:  # a node's own model does not cross the network
+            if source.node != node:  # a node's own model does not cross the network (the observer: diagnostics)
                 accounting.transfer(source.node, node, message.value_bytes, message.index_bytes)
-                if diag is not None:  # who sent what to whom (the run's bytes matrix)
-                    diag.transfer(source.node, node, message.value_bytes, message.index_bytes)
             messages.append(message)
         if not task.train:  # a server, or a gossip step: aggregate and publish
             store.publish(node, algorithm.server_step(ctx, messages), store.mask(node))
@@ -156,11 +169,12 @@ class SerialExecutor:
     # -- faults ----------------------------------------------------------------------------
     @torch.no_grad()
     def _finite(self, loss: Tensor | float | None = None) -> bool:
-        """Whether every worker weight and buffer (and ``loss``, when given) is finite: one host
-        synchronisation for all of them."""
+        """Whether every worker weight and buffer is finite and within :data:`PUBLISH_BOUND` (and ``loss``,
+        when given, finite): one host synchronisation for all of them. A model that is finite but larger
+        would make its receivers' aggregates overflow: it is contained here, at its sender."""
         if loss is not None and not isinstance(loss, Tensor) and not math.isfinite(loss):
             return False
-        checks = [torch.isfinite(t).all() for t in self.trainer.worker.values()]
+        checks = [_within_bound(t) for t in self.trainer.worker.values() if t.numel()]
         if isinstance(loss, Tensor):
             checks.append(torch.isfinite(loss))
         return bool(torch.stack(checks).all()) if checks else True
@@ -170,7 +184,7 @@ class SerialExecutor:
         return any(defined_hooks(c, ("on_client_train_end",)) for c in self.trainer.callbacks)
 
     def _contain(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting, evaluate: bool) -> None:
-        """A non-finite update is discarded: the node publishes its start-of-round model with its mask,
+        """A non-finite (or too large: :data:`PUBLISH_BOUND`) update is discarded: the node publishes its start-of-round model with its mask,
         keeps its next mask and its kept optimizer state, and the record says so; no neighbour ever
         receives a non-finite value."""
         t, node = self.trainer, ctx.node

@@ -13,6 +13,7 @@ its divisor.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -249,7 +250,8 @@ class RandomKCodec(_SparsifyingCodec):
 
 class QuantizedCodec(Codec):
     """Uniform quantization per tensor between its min and max with ``2^bits`` levels (DFedAvgM's
-    quantized variant Q; a compressor C for BEER, whose default gsgd is a different, norm-based one).
+    quantized variant Q; a compressor C for BEER, whose default :class:`GSGDCodec` is a different,
+    norm-based one).
 
     Each floating tensor costs ``ceil(n * bits / 8)`` bytes plus 8 (its min and step as float32), none
     if ``n`` is 0. Rounding is to the nearest level (error at most half a step) or, if ``stochastic``,
@@ -313,8 +315,61 @@ class QuantizedCodec(Codec):
         return (low + level.clamp_(0, top) * step).to(values.dtype)
 
 
-#: The codecs by name.
-CODECS: dict[str, type[Codec]] = {c.name: c for c in (MaskedCodec, DenseCodec, TopKCodec, RandomKCodec, QuantizedCodec)}
+#: gsgd's dither: uniform (the BEER paper) or normal (the authors' code)
+GSGD_NOISES = ("uniform", "normal")
+
+
+def gsgd(x: Tensor, bits: int, generator: torch.Generator | None = None, noise: str = "uniform") -> Tensor:
+    """gsgd_b(x) = sign(x) floor(2^{b-1} |x| / ||x|| + xi)_+ ||x|| / (2^{b-1} tau), tau = 1 + delta if
+    delta > 1 else 1 + delta^2, delta = sqrt(d) / 2^{b-1}; xi ~ U[0, 1) (the paper) or N(0, 1) (the
+    code). As the code, a vector of norm below 1e-10 is returned as it is."""
+    norm = torch.linalg.vector_norm(x)
+    if norm < 1e-10:
+        return x.clone()
+    levels = 2.0 ** (bits - 1)
+    delta = math.sqrt(x.numel()) / levels
+    tau = 1 + delta if delta > 1 else 1 + delta**2
+    draw = torch.rand if noise == "uniform" else torch.randn
+    xi = draw(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+    level = (levels / norm * x.abs() + xi).floor_().clamp_min_(0)
+    return x.sign() * level * (norm / levels / tau)
+
+
+class GSGDCodec(Codec):
+    """gsgd_b over all floating tensors flattened into one vector (the original compresses the flat
+    model): b bits per value (sign and level) plus the norm as float32, ``ceil(d b / 8) + 4`` bytes."""
+
+    name = "gsgd"
+
+    def __init__(self, bits: int = 9, noise: str = "uniform") -> None:
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 32:
+            raise ValueError(f"bits must be an integer in [2, 32], got {bits!r}")
+        if noise not in GSGD_NOISES:
+            raise ValueError(f"unknown noise {noise!r}; allowed: {', '.join(GSGD_NOISES)}")
+        self.bits, self.noise = bits, noise
+
+    @torch.no_grad()
+    def encode(self, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None, *, sender: int,
+               masked_names: Sequence[str], generator: torch.Generator | None = None) -> Message:
+        names = [n for n, t in weights.items() if t.is_floating_point()]
+        out = {n: t for n, t in weights.items() if not t.is_floating_point()}
+        value_bytes = sum(t.numel() * t.element_size() for t in out.values())
+        if names:
+            flat = torch.cat([weights[n].reshape(-1) for n in names])
+            decoded = gsgd(flat, self.bits, generator, self.noise)
+            for n, part in zip(names, decoded.split([weights[n].numel() for n in names])):
+                out[n] = part.view_as(weights[n])
+            value_bytes += math.ceil(flat.numel() * self.bits / 8) + 4
+        return Message(sender, {n: out[n] for n in weights}, None, value_bytes, 0)
+
+
+#: The codecs by name: the one registry (algorithms choose theirs with :func:`choose_codec`).
+CODECS: dict[str, type[Codec]] = {c.name: c for c in (MaskedCodec, DenseCodec, TopKCodec, RandomKCodec, QuantizedCodec,
+                                                     GSGDCodec)}
+#: other names an algorithm's option may give a codec (BEER's ``"identity"``: no compression)
+CODEC_ALIASES = {"identity": "dense"}
+#: the default codecs (stateless, shared): :class:`MaskedCodec` without and with the mask bits counted
+_MASKED_CODECS = {False: MaskedCodec(send_mask=False), True: MaskedCodec(send_mask=True)}
 
 
 def build_codec(name: str, **kwargs: Any) -> Codec:
@@ -322,6 +377,33 @@ def build_codec(name: str, **kwargs: Any) -> Codec:
     if name not in CODECS:
         raise ValueError(f"unknown codec {name!r}; allowed: {', '.join(CODECS)}")
     return CODECS[name](**kwargs)
+
+
+def masked_codec(send_mask: bool) -> MaskedCodec:
+    """The shared :class:`MaskedCodec` (4 bytes per value) without or with the mask bits counted: the
+    default :meth:`~lightning_dfl.federation.algorithms.base.Algorithm.message`'s codec."""
+    return _MASKED_CODECS[bool(send_mask)]
+
+
+def check_codec_choice(name: str, allowed: Sequence[str] | Mapping[str, Mapping[str, Any]],
+                       option: str = "codec") -> None:
+    """Raise ``ValueError`` unless ``name`` is one of ``allowed`` (an algorithm's ``option``)."""
+    if name not in allowed:
+        raise ValueError(f"unknown {option} {name!r}; allowed: {', '.join(allowed)}")
+
+
+def choose_codec(name: str, allowed: Sequence[str] | Mapping[str, Mapping[str, Any]], option: str = "codec",
+                 **settings: Any) -> Codec:
+    """The codec an algorithm's ``option`` names: ``name`` must be one of ``allowed`` (names of
+    :data:`CODECS` or :data:`CODEC_ALIASES`; a mapping gives per name settings fixed by the algorithm,
+    e.g. GossipFL's ``{"random_k": {"bytes_per_index": 0}}``). The codec is built with those of
+    ``settings`` (and the fixed ones) its constructor takes; the others are ignored (``bits`` for top-k)."""
+    check_codec_choice(name, allowed, option)
+    cls = CODECS[CODEC_ALIASES.get(name, name)]
+    if isinstance(allowed, Mapping):
+        settings = {**settings, **allowed[name]}
+    params = inspect.signature(cls.__init__).parameters
+    return cls(**{key: value for key, value in settings.items() if key in params})
 
 
 def gather_messages(messages: Sequence[Message]) -> tuple[dict[str, list[Tensor]], dict[str, list[Tensor]]]:

@@ -22,8 +22,9 @@ the level:
 * accounting (client records, bytes) is gathered once per exchange and replayed in process order.
 
 No gradient is all-reduced (each process trains other clients). On a CPU the results are
-bit-identical to one process (tested with 2 gloo processes). An algorithm class opts in with its own
-``shardable = True`` (not inherited); a callback with task hooks must implement the protocol.
+bit-identical to one process (tested with 2 gloo processes). An algorithm class opts in with
+``shardable = True``, inherited by a subclass that overrides none of the behaviour hooks
+(``Algorithm.declares``); a callback with task hooks must implement the protocol.
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ def _speaks_protocol(obj: Any) -> bool:
 
 
 def _opted_in(cls: type) -> bool:
-    """Whether ``cls`` itself says ``shardable = True`` (a subclass adds task state of its own, so it
-    opts in itself rather than inheriting it)."""
-    return bool(vars(cls).get("shardable", False))
+    """Whether ``cls`` says ``shardable = True`` (:meth:`Algorithm.declares
+    <lightning_dfl.federation.algorithms.base.Algorithm.declares>`: inherited unless a subclass changes
+    a behaviour hook without declaring it again)."""
+    declares = getattr(cls, "declares", None)
+    return bool(declares("shardable")) if declares is not None else bool(vars(cls).get("shardable", False))
 
 
 def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:
@@ -80,12 +83,13 @@ def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:
 class _LoggedAccounting(RoundAccounting):
     """A process's share of a round's accounting, with its transfers kept to replay elsewhere."""
 
-    def __init__(self, round_idx: int) -> None:
-        super().__init__(round_idx)
+    def __init__(self, round_idx: int, observer: Any = None) -> None:
+        super().__init__(round_idx, observer=observer)
         self.log: list[tuple[int, int, int, int]] = []
 
-    def transfer(self, sender: int, receiver: int, value_bytes: int, index_bytes: int = 0) -> None:
-        super().transfer(sender, receiver, value_bytes, index_bytes)
+    def transfer(self, sender: int, receiver: int, value_bytes: int, index_bytes: int = 0, *,
+                 notify: bool = True) -> None:
+        super().transfer(sender, receiver, value_bytes, index_bytes, notify=notify)
         self.log.append((sender, receiver, value_bytes, index_bytes))
 
 
@@ -109,8 +113,9 @@ class ShardedExecutor(SerialExecutor):
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
-        accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
-        mine = _LoggedAccounting(plan.round_idx)
+        accounting = accounting if accounting is not None else RoundAccounting(
+            plan.round_idx, observer=getattr(self.trainer, "diag", None))
+        mine = _LoggedAccounting(plan.round_idx, observer=accounting.observer)  # its own told in its tasks
         stateful = self._stateful()
         reads = self.start_reads(plan)
         for level in plan.levels():
@@ -138,13 +143,10 @@ class ShardedExecutor(SerialExecutor):
         shares: list[Any] = [None] * self.world_size
         mine.read_device_values()  # numbers, not device tensors, travel between processes
         dist.all_gather_object(shares, (mine.records, mine.log), group=self.group)
-        diag = getattr(self.trainer, "diag", None)
         for rank, (records, log) in enumerate(shares):
             accounting.records.extend(records)
             for transfer in log:
-                accounting.transfer(*transfer)
-                if diag is not None and rank != self.rank:  # the owner recorded its own in its task
-                    diag.transfer(*transfer)
+                accounting.transfer(*transfer, notify=rank != self.rank)  # the owner told its own in its task
         return accounting
 
     @torch.no_grad()

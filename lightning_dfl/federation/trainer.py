@@ -29,6 +29,7 @@ from torch import Tensor
 from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.errors import RunDiverged, mark_in_round
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
@@ -433,7 +434,11 @@ class FederatedTrainer:
         with stop_requests(self._abandon) as stop, progress_bar(
                 self.rounds, enabled=self.enable_progress_bar and self.is_global_zero, completed=first_round) as advance:
             for round_idx in range(first_round, self.rounds):
-                metrics = self.run_round(round_idx)
+                try:
+                    metrics = self.run_round(round_idx)
+                except Exception as err:  # after validation: a bug, unless the run diverged (see lightning_dfl.errors)
+                    mark_in_round(err, round_idx)
+                    raise
                 if stop.requested or (self.checkpoint_every and ((round_idx + 1) % self.checkpoint_every == 0
                                                                  or round_idx == self.rounds - 1)):
                     if self.is_global_zero:  # every process holds the same state
@@ -513,7 +518,7 @@ class FederatedTrainer:
         durations = self.clock.compute_times(round_idx)  # one draw per round: planning and timing share it
         ctx, plan, stragglers = self._plan_first_exchange(round_idx, durations)
         evaluate = self.evaluates(round_idx)
-        accounting = RoundAccounting(round_idx)
+        accounting = RoundAccounting(round_idx, observer=self.diag)  # the diagnostics hear every transfer
         timings = []
         for exchange in range(self.algorithm.exchanges_per_round):
             if exchange:
@@ -525,8 +530,6 @@ class FederatedTrainer:
             accounting.edge_bytes.clear()  # the clock times each exchange's own messages
             for sender, receiver, nbytes in plan.side_transfers:
                 accounting.transfer(sender, receiver, 0, nbytes)
-                if self.diag is not None:
-                    self.diag.transfer(sender, receiver, 0, nbytes)
             self.executor.run(plan, evaluate, accounting, exchange)
             self.store.end_round()
             if self.diag is not None:
@@ -536,9 +539,9 @@ class FederatedTrainer:
         accounting.read_device_values()  # the round's losses and accuracies, read from the device at once
         failed = sorted(r.client for r in accounting.records if r.nonfinite)
         if failed and len(failed) == len(accounting.records):
-            raise FloatingPointError(
+            raise RunDiverged(
                 f"round {round_idx}: every client that trained ({len(failed)}: {failed}) ended with non-finite "
-                "weights or loss; the learning rate is probably too high for this model and data (or the data "
+                "(or above 1e30) weights or loss; the learning rate is probably too high for this model and data (or the data "
                 "hold NaN/inf values). The last checkpoint holds finite weights only")
         metrics = accounting.metrics()
         active = self.num_clients if ctx.participants is None else len(ctx.participants)

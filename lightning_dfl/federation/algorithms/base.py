@@ -4,6 +4,7 @@ a new algorithm overrides the few it changes (see the README, "Writing an algori
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,15 +17,31 @@ from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.context import RoundContext, TaskContext
 from lightning_dfl.federation.evaluation import deferred_accuracy
 from lightning_dfl.federation.local import train_locally
-from lightning_dfl.federation.messages import MaskedCodec, Message, gather_messages
+from lightning_dfl.federation.messages import Message, gather_messages, masked_codec
 from lightning_dfl.federation.plan import RoundPlan, Source
 from lightning_dfl.federation.state import StateField
 from lightning_dfl.federation.topology import Topology, build_topology
 
 __all__ = ["Algorithm", "GossipAlgorithm", "RoundContext", "TaskContext"]
 
-#: the default codecs (stateless): without and with the mask bits counted
-_MASKED_CODECS = {False: MaskedCodec(send_mask=False), True: MaskedCodec(send_mask=True)}
+#: class flags the engine trusts, read with :meth:`Algorithm.declares`
+DECLARED_FLAGS = ("shardable", "reads_only_sources")
+#: methods a subclass may define and still inherit :data:`DECLARED_FLAGS`: they set it up or name it,
+#: they change nothing a task does (any other method, a hook or a helper, is a change of behaviour)
+NEUTRAL_METHODS = ("__init__", "validate", "deviations", "label", "__repr__")
+#: class attributes that change what a task does: setting one is a change of behaviour too
+BEHAVIOUR_ATTRIBUTES = ("keep_optimizer_state",)
+
+
+def _changes_behaviour(namespace: dict[str, Any]) -> bool:
+    """Whether a class body (``vars(cls)``) changes what its parent's tasks do (see :meth:`Algorithm.declares`)."""
+    for key, value in namespace.items():
+        if key in BEHAVIOUR_ATTRIBUTES:
+            return True
+        method = inspect.isfunction(value) or isinstance(value, (property, staticmethod, classmethod))
+        if method and key not in NEUTRAL_METHODS:
+            return True
+    return False
 
 
 class Algorithm:
@@ -50,6 +67,14 @@ class Algorithm:
 
     Per-client state the algorithm needs lives in the client store as :meth:`state_fields`; its
     own state across rounds in :meth:`state_dict`.
+
+    Flags the engine trusts, :data:`DECLARED_FLAGS` (:attr:`shardable`, :attr:`reads_only_sources`),
+    are read with :meth:`declares`: a subclass inherits them as ordinary class attributes as long as it
+    keeps its parent's behaviour: a plain subclass (new defaults or arguments in ``__init__``, a
+    ``name`` or ``title``, :meth:`deviations`, :data:`NEUTRAL_METHODS`) keeps them. A subclass that
+    defines any other method (a hook such as :meth:`plan_round` or :meth:`aggregate`, or a helper its
+    parent calls) or sets :data:`BEHAVIOUR_ATTRIBUTES` loses them unless it declares them again in its
+    own body (``shardable = True``); a plain subclass opts out with ``shardable = False``.
     """
 
     #: short name used in logs and run folders
@@ -70,16 +95,32 @@ class Algorithm:
     keep_optimizer_state: tuple[str, ...] = ()
     #: whether its clients may be sharded across processes (``trainer.devices`` > 1): true when no hook
     #: run inside a task changes the algorithm's own Python state, or when it implements the sharding
-    #: protocol of :mod:`~lightning_dfl.federation.sharding`
+    #: protocol of :mod:`~lightning_dfl.federation.sharding`; read with :meth:`declares`
     shardable = False
     #: whether the only start-of-round models its tasks read (in any hook) are their plan's sources and
     #: their own node's: the executor then tells the store when a model's last reader has run, and the
     #: compact store frees it (a round then holds fewer than two models per node at its peak). A subclass
-    #: that reads more says so itself: only the class's own attribute counts
+    #: that changes behaviour declares it again (see :meth:`declares`)
     reads_only_sources = False
     #: exchanges (plans) per round: :meth:`plan_round` is called once per exchange with
     #: ``ctx.exchange``; each exchange's published models are what the next one reads (gossip steps)
     exchanges_per_round = 1
+
+    @classmethod
+    def declares(cls, flag: str) -> bool:
+        """The class's ``flag`` (one of :data:`DECLARED_FLAGS`) as the engine reads it: the nearest
+        class in the MRO that sets it decides, unless a class before it changes behaviour (defines a
+        method not in :data:`NEUTRAL_METHODS`, or sets :data:`BEHAVIOUR_ATTRIBUTES`) without setting
+        the flag again: then ``False``."""
+        if flag not in DECLARED_FLAGS:
+            raise ValueError(f"unknown flag {flag!r}; allowed: {', '.join(DECLARED_FLAGS)}")
+        for klass in cls.__mro__:
+            own = vars(klass)
+            if flag in own:
+                return bool(own[flag])
+            if _changes_behaviour(own):
+                return False  # a changed behaviour keeps a flag only by declaring it again
+        return False
 
     # -- set-up -------------------------------------------------------------------------
     def validate(self, num_clients: int) -> None:
@@ -122,7 +163,7 @@ class Algorithm:
         does not cross the network and is not counted)."""
         store = ctx.store
         weights, mask = store.published(source.node, source.fresh)
-        codec = _MASKED_CODECS[bool(self.sends_masks)]
+        codec = masked_codec(self.sends_masks)
         return codec.encode(weights, mask, sender=source.node, masked_names=store.masked_names,
                             active_values=store.active_values(source.node, source.fresh))
 

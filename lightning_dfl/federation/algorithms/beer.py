@@ -33,20 +33,26 @@ per round after 5 epochs of plain SGD) is not implemented.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
 from lightning_dfl.federation.algorithms.base import GossipAlgorithm, RoundContext, TaskContext
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
-from lightning_dfl.federation.messages import Codec, DenseCodec, Message, RandomKCodec, TopKCodec
+from lightning_dfl.federation.messages import GSGD_NOISES as NOISES  # noqa: F401 (re-exported)
+from lightning_dfl.federation.messages import (  # noqa: F401 (gsgd, its codec: BEER's default C, re-exported)
+    Codec,
+    GSGDCodec,
+    Message,
+    choose_codec,
+    gsgd,
+)
 from lightning_dfl.federation.plan import RoundPlan, Source
 from lightning_dfl.federation.state import StateField
 
+#: BEER's compressors C (codecs of :data:`~lightning_dfl.federation.messages.CODECS`; ``"identity"``: dense)
 COMPRESSORS = ("gsgd", "top_k", "random_k", "identity")
-NOISES = ("uniform", "normal")
 FIXED_TOPOLOGIES = ("ring", "full")
 #: grad F(X^t) - grad F(X^{t-1}) on the same minibatch (optim/BEER.py) or on each one's own (nda's BEER)
 DIFFERENCES = ("same_batch", "fresh")
@@ -63,61 +69,9 @@ def descend(x: Tensor, h: Tensor, wh: Tensor, v: Tensor, gamma: float, eta: floa
     return x + gamma * (wh - h) - eta * v
 
 
-def gsgd(x: Tensor, bits: int, generator: torch.Generator | None = None, noise: str = "uniform") -> Tensor:
-    """gsgd_b(x) = sign(x) floor(2^{b-1} |x| / ||x|| + xi)_+ ||x|| / (2^{b-1} tau), tau = 1 + delta if
-    delta > 1 else 1 + delta^2, delta = sqrt(d) / 2^{b-1}; xi ~ U[0, 1) (the paper) or N(0, 1) (the
-    code). As the code, a vector of norm below 1e-10 is returned as it is."""
-    norm = torch.linalg.vector_norm(x)
-    if norm < 1e-10:
-        return x.clone()
-    levels = 2.0 ** (bits - 1)
-    delta = math.sqrt(x.numel()) / levels
-    tau = 1 + delta if delta > 1 else 1 + delta**2
-    draw = torch.rand if noise == "uniform" else torch.randn
-    xi = draw(x.shape, generator=generator, dtype=x.dtype).to(x.device)
-    level = (levels / norm * x.abs() + xi).floor_().clamp_min_(0)
-    return x.sign() * level * (norm / levels / tau)
-
-
-class GSGDCodec(Codec):
-    """gsgd_b over all floating tensors flattened into one vector (the original compresses the flat
-    model): b bits per value (sign and level) plus the norm as float32, ``ceil(d b / 8) + 4`` bytes."""
-
-    name = "gsgd"
-
-    def __init__(self, bits: int = 9, noise: str = "uniform") -> None:
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 32:
-            raise ValueError(f"bits must be an integer in [2, 32], got {bits!r}")
-        if noise not in NOISES:
-            raise ValueError(f"unknown noise {noise!r}; allowed: {', '.join(NOISES)}")
-        self.bits, self.noise = bits, noise
-
-    @torch.no_grad()
-    def encode(self, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None, *, sender: int,
-               masked_names: Sequence[str], generator: torch.Generator | None = None) -> Message:
-        names = [n for n, t in weights.items() if t.is_floating_point()]
-        out = {n: t for n, t in weights.items() if not t.is_floating_point()}
-        value_bytes = sum(t.numel() * t.element_size() for t in out.values())
-        if names:
-            flat = torch.cat([weights[n].reshape(-1) for n in names])
-            decoded = gsgd(flat, self.bits, generator, self.noise)
-            for n, part in zip(names, decoded.split([weights[n].numel() for n in names])):
-                out[n] = part.view_as(weights[n])
-            value_bytes += math.ceil(flat.numel() * self.bits / 8) + 4
-        return Message(sender, {n: out[n] for n in weights}, None, value_bytes, 0)
-
-
 def build_compressor(compressor: str, bits: int = 9, ratio: float = 0.1, noise: str = "uniform") -> Codec:
-    """BEER's C by name (see :data:`COMPRESSORS`)."""
-    if compressor not in COMPRESSORS:
-        raise ValueError(f"unknown compressor {compressor!r}; allowed: {', '.join(COMPRESSORS)}")
-    if compressor == "gsgd":
-        return GSGDCodec(bits, noise)
-    if compressor == "top_k":
-        return TopKCodec(ratio)
-    if compressor == "random_k":
-        return RandomKCodec(ratio)
-    return DenseCodec()
+    """BEER's C by name (see :data:`COMPRESSORS`), from the codec registry (:func:`choose_codec`)."""
+    return choose_codec(compressor, COMPRESSORS, "compressor", bits=bits, ratio=ratio, noise=noise)
 
 
 def compress(codec: Codec, values: Mapping[str, Tensor], generator: torch.Generator) -> tuple[dict, int, int]:

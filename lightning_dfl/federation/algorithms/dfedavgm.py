@@ -39,7 +39,7 @@ from torch import Tensor
 from lightning_dfl.checks import is_number
 from lightning_dfl.federation.algorithms.base import GossipAlgorithm, RoundContext, TaskContext
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
-from lightning_dfl.federation.messages import MaskedCodec, Message
+from lightning_dfl.federation.messages import Message, build_codec
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.state import StateField
 
@@ -93,7 +93,7 @@ class DFedAvgM(GossipAlgorithm):
         self.message_dtype = message_dtype
         self.rule = rule
         self.clip_grad_norm = None if clip_grad_norm is None else float(clip_grad_norm)
-        self._codec = MaskedCodec(send_mask=False, bytes_per_value=MESSAGE_DTYPES[message_dtype])
+        self._codec = build_codec("masked", send_mask=False, bytes_per_value=MESSAGE_DTYPES[message_dtype])
 
     # -- set-up ---------------------------------------------------------------------------------
     def make_optimizer(self, module: Any) -> torch.optim.Optimizer:

@@ -27,7 +27,7 @@ from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
-from lightning_dfl.federation.messages import MaskedCodec, Message, gather_messages
+from lightning_dfl.federation.messages import Message, gather_messages, masked_codec
 from lightning_dfl.federation.plan import RoundPlan, Source
 from lightning_dfl.sparse.masks import Masks
 from lightning_dfl.sparse.rigl import dense_gradients, rigl_masks
@@ -35,7 +35,6 @@ from lightning_dfl.sparse.select import largest_k_mask
 
 #: ``"paper"``: alpha_t = alpha/2 (1 + cos(pi t / t_end)); ``"code"``: ``dst.py`` multiplies by alpha once more
 SCHEDULES = ("paper", "code")
-_CODECS = {False: MaskedCodec(send_mask=False), True: MaskedCodec(send_mask=True)}
 
 
 @torch.no_grad()
@@ -128,8 +127,8 @@ class FedDST(FedAvg):
             changed = _differ(mask, store.mask(ctx.node))
         else:
             changed = _differ(mask, store.published(server)[1])
-        return _CODECS[changed].encode(weights, mask, sender=source.node, masked_names=store.masked_names,
-                                       active_values=store.active_values(source.node, source.fresh))
+        return masked_codec(changed).encode(weights, mask, sender=source.node, masked_names=store.masked_names,
+                                            active_values=store.active_values(source.node, source.fresh))
 
     # -- a client -----------------------------------------------------------------------------------
     def aggregate(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor] | None:

@@ -29,12 +29,13 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext
-from lightning_dfl.federation.messages import Message, RandomKCodec, TopKCodec
+from lightning_dfl.federation.messages import Message, check_codec_choice, choose_codec
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.seeding import derive_seed
 
-#: the sparsifiers GossipFL offers
-COMPRESSORS = ("random_k", "top_k")
+#: the sparsifiers GossipFL offers (codecs of :data:`~lightning_dfl.federation.messages.CODECS`), with the
+#: settings it fixes: random-k's coordinates come from the pair's shared seed, so no index is sent
+COMPRESSORS = {"random_k": {"bytes_per_index": 0}, "top_k": {}}
 
 
 def random_matching(clients: list[int], rng) -> list[tuple[int, int]]:
@@ -69,15 +70,13 @@ class GossipFL(Algorithm):
     ORIGINAL_RATIO = 0.01
 
     def __init__(self, compress_ratio: float = 0.01, compressor: str = "random_k") -> None:
-        if compressor not in COMPRESSORS:
-            raise ValueError(f"unknown compressor {compressor!r}; allowed: {', '.join(COMPRESSORS)}")
+        check_codec_choice(compressor, COMPRESSORS, "compressor")
         if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, (int, float)) \
                 or not 0 < compress_ratio <= 1:
             raise ValueError(f"compress_ratio must be a number in (0, 1], got {compress_ratio!r}")
         self.compress_ratio = float(compress_ratio)
         self.compressor = compressor
-        self._codec = (RandomKCodec(self.compress_ratio, bytes_per_index=0) if compressor == "random_k"
-                       else TopKCodec(self.compress_ratio))
+        self._codec = choose_codec(compressor, COMPRESSORS, "compressor", ratio=self.compress_ratio)
         self._cadence: tuple[int, int | None] | None = None  # the trainer's (local_epochs, local_steps), once seen
 
     def deviations(self) -> list[str]:

@@ -27,13 +27,11 @@ from lightning_dfl.federation.algorithms.base import TaskContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
 from lightning_dfl.federation.evaluation import accuracy
 from lightning_dfl.federation.local import train_locally
-from lightning_dfl.federation.messages import MaskedCodec, Message, gather_messages
+from lightning_dfl.federation.messages import Message, gather_messages, masked_codec
 from lightning_dfl.federation.plan import Source
 from lightning_dfl.sparse.masks import Masks
 from lightning_dfl.sparse.select import smallest_k_mask
 from lightning_dfl.stats import mean_std
-
-_CODECS = {False: MaskedCodec(send_mask=False), True: MaskedCodec(send_mask=True)}
 
 
 def hamming(m1: Masks, m2: Masks) -> float:
@@ -137,10 +135,10 @@ class SubFedAvg(FedAvg):
         store, server = ctx.store, ctx.num_clients
         weights, mask = store.published(source.node, source.fresh)
         if source.node == server and ctx.node != server:
-            return _CODECS[False].encode(weights, store.mask(ctx.node), sender=server,
-                                         masked_names=store.masked_names)
+            return masked_codec(False).encode(weights, store.mask(ctx.node), sender=server,
+                                              masked_names=store.masked_names)
         changed = source.fresh and any(not torch.equal(mask[n], store.published(source.node)[1][n]) for n in mask)
-        return _CODECS[bool(changed)].encode(weights, mask, sender=source.node, masked_names=store.masked_names,
+        return masked_codec(changed).encode(weights, mask, sender=source.node, masked_names=store.masked_names,
                                              active_values=store.active_values(source.node, source.fresh))
 
     def aggregate(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor] | None:
