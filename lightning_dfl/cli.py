@@ -75,10 +75,12 @@ _CHOICES = {
     "distribution": ("lightning_dfl.sparse.erk", "DISTRIBUTIONS"),
     "clock_distribution": ("lightning_dfl.federation.clock", "DISTRIBUTIONS"),
     "update_interval": ("lightning_dfl.callbacks.rigl", "UPDATE_INTERVALS"),
+    "store_device": ("lightning_dfl.federation.store_memory", "STORE_DEVICES"),
+    "memory_format": ("lightning_dfl.federation.kernels", "MEMORY_FORMATS"),
+    "matmul_precision": ("lightning_dfl.federation.kernels", "MATMUL_PRECISIONS"),
 }
-_FIXED_CHOICES = {"memory_format": ["auto", "channels_last", "contiguous"],
-                  "matmul_precision": ["auto", "highest", "high", "medium"], "store_device": ["auto", "cpu", "worker"], "logger": ["true", "false", "csv", "tensorboard"],
-                  "store": ["dense", "compact"], "diagnostics": ["auto", "true", "false"], "between": ["dirichlet", "pathological"]}
+_FIXED_CHOICES = {"logger": ["true", "false", "csv", "tensorboard"], "store": ["dense", "compact"],
+                  "diagnostics": ["auto", "true", "false"], "between": ["dirichlet", "pathological"]}
 
 
 def _allowed(kind: str) -> list[str]:

@@ -235,9 +235,9 @@ class SparseClassifier(LightningModule):
         if not masks or host_reads_are_cheap(next(iter(masks.values())).device):
             counts = active_counts(masks)
             return mask_density(masks, counts), self._flops.forward_flops(counts)
-        active = torch.stack([m.count_nonzero() for m in masks.values()]).sum()
-        density = active.to(torch.float64) / sum(m.numel() for m in masks.values())
-        return density, self._flops.deferred_forward_flops(masks)
+        counts = {name: m.count_nonzero() for name, m in masks.items()}  # on the device, counted once
+        density = torch.stack(list(counts.values())).sum().to(torch.float64) / sum(m.numel() for m in masks.values())
+        return density, self._flops.deferred_forward_flops(counts)
 
     @property
     def flops_profile(self) -> FlopsProfile:

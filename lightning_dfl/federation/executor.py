@@ -31,9 +31,8 @@ PUBLISH_BOUND = 1e30
 
 
 def _within_bound(tensor: Tensor) -> Tensor:
-    """A 0-dim bool on ``tensor``'s device: every entry finite and of magnitude <= :data:`PUBLISH_BOUND` (no read)."""
-    if not tensor.is_floating_point():
-        return torch.isfinite(tensor).all()
+    """A 0-dim bool on a floating ``tensor``'s device: every entry finite and of magnitude <= :data:`PUBLISH_BOUND`
+    (no read)."""
     low, high = torch.aminmax(tensor)  # NaN propagates into both: the comparisons are then False
     bound = min(PUBLISH_BOUND, torch.finfo(tensor.dtype).max)
     return (low >= -bound) & (high <= bound)
@@ -174,7 +173,7 @@ class SerialExecutor:
         would make its receivers' aggregates overflow: it is contained here, at its sender."""
         if loss is not None and not isinstance(loss, Tensor) and not math.isfinite(loss):
             return False
-        checks = [_within_bound(t) for t in self.trainer.worker.values() if t.numel()]
+        checks = [_within_bound(t) for t in self.trainer.worker.values() if t.numel()]  # the worker: floating only
         if isinstance(loss, Tensor):
             checks.append(torch.isfinite(loss))
         return bool(torch.stack(checks).all()) if checks else True

@@ -85,18 +85,18 @@ class FlopsProfile:
         """Per-sample forward FLOPs: ``sum_l 2 * positions_l * active_l``."""
         return 2.0 * self.forward_macs(masks)
 
-    def deferred_forward_flops(self, masks: Mapping[str, Tensor]) -> Tensor:
-        """:meth:`forward_flops` at tensor ``masks`` as a 0-dim float64 tensor on their device, computed
-        there without reading it (the same value: integer sums, then one exact conversion)."""
-        unknown = sorted(set(masks) - set(self.layers))
+    def deferred_forward_flops(self, counts: Mapping[str, Tensor]) -> Tensor:
+        """:meth:`forward_flops` at active ``counts`` given as 0-dim integer tensors on a device (a mask's
+        ``count_nonzero()``), as a 0-dim float64 tensor there, computed without reading it (the same value:
+        integer sums, then one exact conversion)."""
+        unknown = sorted(set(counts) - set(self.layers))
         if unknown:
             raise ValueError(f"masks name layers this profile does not count: {unknown}; "
                              f"it counts {sorted(self.layers)}")
-        device = next(iter(masks.values())).device if masks else torch.device("cpu")
+        device = next(iter(counts.values())).device if counts else torch.device("cpu")
         macs = torch.zeros((), dtype=torch.int64, device=device)
         for name, layer in self.layers.items():
-            mask = masks.get(name)
-            macs = macs + layer.positions * (layer.numel if mask is None else torch.count_nonzero(mask))
+            macs = macs + layer.positions * counts.get(name, layer.numel)
         return 2.0 * macs.to(torch.float64)
 
     def dense_forward_flops(self) -> float:
