@@ -1,14 +1,18 @@
 """One command that checks the GPU code paths and measures them, in at most about 8 minutes on one GPU.
 
-Runs, each in its own process, and prints one table (also written to ``benchmarks/results/gpu_check.md``):
+Runs, each in its own process and most important first, and prints one table row by row (also written,
+row by row, to ``benchmarks/results/gpu_check.md`` or ``--out``); checks that would start after
+``--budget-s`` seconds are listed as skipped:
 
 1. the README's main job (DisPFL on digits) on the GPU;
-2. ``round_time.py --device cuda``: our round against the independent hand loop at K = 10 and K = 100;
-3. K = 100 ``cnn_cifar`` with ``batched_clients: true`` vs serial;
-4. K = 10 with ``bf16-mixed`` vs ``32-true``;
-5. ``store_device: worker`` and ``auto`` (dense and compact store);
-6. a run stopped after round 1 and resumed from its checkpoint on the GPU (must equal the uninterrupted run);
-7. one round of ``configs/dispfl_cifar10_dir.yaml`` (100 ResNet18 clients, E = 5).
+2. one round of ``configs/dispfl_cifar10_dir.yaml`` (100 ResNet18 clients, E = 5), as configured;
+3. ``round_time.py --device cuda``: our round against the independent hand loop at K = 10 and K = 100;
+4. K = 100 ``cnn_cifar`` with ``batched_clients: true`` vs serial;
+5. K = 10 with ``bf16-mixed`` vs ``32-true``;
+6. ``store_device: worker`` (dense and compact store; the other runs use the default, ``auto``);
+7. a run interrupted after round 2 (SIGINT, as Ctrl-C) and resumed from its checkpoint on the GPU: must equal
+   the uninterrupted run (run twice, to tell the device's own repeatability apart);
+8. the ResNet18 round in ``bf16-mixed``.
 
 CIFAR-10 as image folders: ``--root`` (the unpacked ``cifar10-jpg``) or ``--archive`` (the ``.tar.xz``,
 unpacked to a temporary folder). Steps 2-7 need it; without it only step 1 runs.
@@ -38,17 +42,24 @@ REPO = HERE.parent
 RESULTS = HERE / "results"
 
 
-def fit(out: Path, name: str, config: str, *options: str, timeout: float = 300) -> dict:
-    """Run ``lightning-dfl fit`` into ``out/name``; return its wall time, rounds' wall times and summary."""
+def fit(out: Path, name: str, config: str, *options: str, timeout: float = 300, interrupted: bool = False) -> dict:
+    """Run ``lightning-dfl fit`` into ``out/name``; return its wall time, rounds' wall times and summary
+    (``interrupted``: the run must stop with exit code 130, as after Ctrl-C, and writes no summary)."""
     root = out / name
     cmd = [sys.executable, "-m", "lightning_dfl", "fit", "--config", config, "--trainer.default_root_dir",
            str(root), "--trainer.enable_progress_bar", "false", *options]
     tic = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return {"name": name, "ok": False, "wall_s": time.perf_counter() - tic,
+                "error": f"stopped after {timeout:.0f} s (its share of --budget-s)"}
     wall = time.perf_counter() - tic
-    if proc.returncode:
+    if proc.returncode != (130 if interrupted else 0):
         return {"name": name, "ok": False, "wall_s": wall, "error": (proc.stderr or proc.stdout)[-1500:]}
     run = max(root.glob("*/version_*"), key=lambda p: p.stat().st_mtime)
+    if interrupted:
+        return {"name": name, "ok": True, "wall_s": wall, "run": str(run)}
     with (run / "metrics.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r.get("time/wall_round_s")]
     summary = json.loads((run / "summary.json").read_text())
@@ -63,6 +74,11 @@ def per_round(result: dict) -> float:
     return statistics.median(times[1:]) if len(times) > 1 else times[0]
 
 
+def accuracies(result: dict) -> list[str]:
+    """The logged mean personal accuracy of each round, as written (exact comparison)."""
+    return [r.get("acc/personal_mean") for r in result["metrics"]]
+
+
 def row(result: dict, note: str = "") -> str:
     if not result["ok"]:
         return f"| {result['name']} | FAILED | | | {result['error'].strip().splitlines()[-1][:160]} |"
@@ -71,13 +87,47 @@ def row(result: dict, note: str = "") -> str:
             f"{note} |")
 
 
+CHECKS = ("main", "resnet18", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
+
+
+class Report:
+    """The table, printed and written row by row (a run cut short by its time limit keeps its rows)."""
+
+    def __init__(self, path: Path, header: list[str], deadline: float) -> None:
+        self.path, self.lines, self.deadline = path, list(header), deadline
+        self.path.parent.mkdir(exist_ok=True)
+        self._flush()
+
+    def add(self, *lines: str) -> None:
+        for line in lines:
+            print(line, flush=True)
+        self.lines += lines
+        self._flush()
+
+    def time_left(self, needed: float, name: str) -> bool:
+        """Whether ``needed`` seconds remain before the deadline; else record ``name`` as skipped."""
+        if time.monotonic() + needed <= self.deadline:
+            return True
+        self.add(f"| {name} | skipped: the time budget (--budget-s) ran out | | | |")
+        return False
+
+    def _flush(self) -> None:
+        self.path.write_text("\n".join(self.lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", help="unpacked cifar10-jpg folder")
     parser.add_argument("--archive", help="cifar10-jpg.tar.xz, unpacked to a temporary folder")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test of the script itself)")
+    parser.add_argument("--budget-s", type=float, default=480,
+                        help="skip the remaining checks (most important first) once this many seconds are spent")
+    parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS),
+                        help="run only these checks (default: all, in this order)")
+    parser.add_argument("--out", help="the table's file (default benchmarks/results/gpu_check.md)")
     args = parser.parse_args()
+    begin = time.monotonic()
     accelerator = "gpu" if args.device == "cuda" else "cpu"
     out = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     root = args.root
@@ -85,76 +135,102 @@ def main() -> None:
         with tarfile.open(args.archive) as tar:
             tar.extractall(out / "data", filter="data")
         root = str(out / "data" / "cifar10-jpg")
-    results: list[str] = []
     device_name = "cpu"
     if args.device == "cuda":
         import torch
-        device_name = torch.cuda.get_device_name()
-    quick = ["--trainer.rounds", "2"] if args.quick else []
-
-    main_job = fit(out, "main job (dispfl_digits.yaml)", "configs/dispfl_digits.yaml", "--trainer.accelerator",
-                   accelerator, *quick)
-    results.append(row(main_job))
-    if root is not None:
-        cifar = ["--data.dataset", "image_folder", "--data.root", root, "--trainer.accelerator", accelerator,
-                 "--model.arch", "cnn_cifar", "--trainer.local_epochs", "1", "--trainer.diagnostics", "false"]
-        size = ["--data.max_train_samples", "2000" if args.quick else "10000"]
-        rounds = ["--trainer.rounds", "2" if args.quick else "3"]
-        k10 = [*cifar, *size, *rounds, "--data.num_clients", "10", "--trainer.algorithm.num_neighbors", "3"]
-        k100 = [*cifar, *size, *rounds, "--data.num_clients", "20" if args.quick else "100",
-                "--trainer.algorithm.num_neighbors", "4" if args.quick else "10"]
-        config = "configs/dispfl_cifar10_dir.yaml"
-        # 2. against the independent loop
-        settings = ["k10"] if args.quick else ["k10", "k100"]
-        proc = subprocess.run([sys.executable, str(HERE / "round_time.py"), "--root", root, "--device", args.device,
-                               "--settings", *settings, "--rounds", "2" if args.quick else "3",
-                               "--max-train-samples", "2000" if args.quick else "10000"],
-                              capture_output=True, text=True, timeout=420, cwd=REPO)
-        table = proc.stdout[proc.stdout.find("| K, M"):] if proc.returncode == 0 else proc.stderr[-1500:]
-        # 3-4. batched clients, precision
-        many = "K=20" if args.quick else "K=100"
-        serial = fit(out, f"{many} serial", config, *k100)
-        batched = fit(out, f"{many} batched_clients", config, *k100, "--trainer.batched_clients", "true")
-        fp32 = fit(out, "K=10 32-true", config, *k10)
-        bf16 = fit(out, "K=10 bf16-mixed", config, *k10, "--trainer.precision", "bf16-mixed")
-        speedup = per_round(serial) / per_round(batched) if serial["ok"] and batched["ok"] else math.nan
-        results += [row(serial), row(batched, f"{speedup:.2f} x serial"), row(fp32),
-                    row(bf16, f"{per_round(fp32) / per_round(bf16):.2f} x fp32" if bf16["ok"] and fp32["ok"] else "")]
-        # 5. where the store lives
-        for store in ("dense", "compact"):
-            for where in ("worker", "auto", "cpu"):
-                results.append(row(fit(out, f"K=10 store {store} on {where}", config, *k10,
-                                       "--trainer.store", store, "--trainer.store_device", where)))
-        # 6. resume: 2 rounds with a checkpoint after each, then the same run stopped and resumed
-        full = fit(out, "resume: 3 rounds straight", config, *k10, "--trainer.checkpoint_every", "1")
-        first = fit(out, "resume: first 2 rounds", config, *k10, "--trainer.rounds", "2",
-                    "--trainer.checkpoint_every", "1")
-        note = ""
-        if first["ok"]:
-            resumed = fit(out, "resume: round 3 from the checkpoint", config, *k10, "--trainer.checkpoint_every", "1",
-                          "--ckpt_path", str(Path(first["run"]) / "checkpoints" / "last.ckpt"))
-            if resumed["ok"] and full["ok"]:
-                same = resumed["metrics"][-1].get("acc/personal_mean") == full["metrics"][-1].get("acc/personal_mean")
-                note = "final accuracy equals the straight run's" if same else "DIFFERS from the straight run"
-            results.append(row(resumed, note))
-        # 7. the papers' ResNet18 round
-        resnet = ["--data.dataset", "image_folder", "--data.root", root, "--trainer.accelerator", accelerator,
-                  "--trainer.rounds", "1", "--trainer.store", "compact"]
-        if args.quick:
-            resnet += ["--data.num_clients", "4", "--trainer.algorithm.num_neighbors", "2",
-                       "--data.max_train_samples", "400", "--trainer.local_epochs", "1"]
-        name = "ResNet18, 4 clients, E=1, one round" if args.quick else "ResNet18, 100 clients, E=5, one round"
-        results.append(row(fit(out, name, config, *resnet, timeout=420)))
-    else:
-        table = "(no CIFAR-10 given: --root or --archive)"
+        device_name = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}"
-    text = "\n".join([
+    target = Path(args.out) if args.out else RESULTS / ("gpu_check.md" if args.device == "cuda"
+                                                         else "gpu_check_cpu_smoke.md")
+    report = Report(target, [
         "# GPU check", "", f"- date: {date}; device: {device_name}; command: `{' '.join(sys.argv)}`", "",
         "| run | s/round (median after the first) | process wall s | final accuracy % | note |",
-        "|---|---|---|---|---|", *results, "", "## Our round against the independent hand loop", "", table])
-    print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / ("gpu_check.md" if args.device == "cuda" else "gpu_check_cpu_smoke.md")).write_text(text + "\n")
+        "|---|---|---|---|---|"], deadline=begin + args.budget_s)
+    quick = ["--trainer.rounds", "2"] if args.quick else []
+
+    if "main" in args.checks:
+        report.add(row(fit(out, "main job (dispfl_digits.yaml)", "configs/dispfl_digits.yaml", "--trainer.accelerator",
+                           accelerator, *quick)))
+    if root is None:
+        report.add("", "(no CIFAR-10 given: --root or --archive)")
+        return
+    config = "configs/dispfl_cifar10_dir.yaml"
+    cifar = ["--data.dataset", "image_folder", "--data.root", root, "--trainer.accelerator", accelerator,
+             "--model.arch", "cnn_cifar", "--trainer.local_epochs", "1", "--trainer.diagnostics", "false"]
+    size = ["--data.max_train_samples", "2000" if args.quick else "10000"]
+    rounds = ["--trainer.rounds", "2" if args.quick else "3"]
+    k10 = [*cifar, *size, *rounds, "--data.num_clients", "10", "--trainer.algorithm.num_neighbors", "3"]
+    k100 = [*cifar, *size, *rounds, "--data.num_clients", "20" if args.quick else "100",
+            "--trainer.algorithm.num_neighbors", "4" if args.quick else "10"]
+    # 1. the papers' ResNet18 round as configured (fp32, TF32 matrix products); bf16-mixed comes last
+    resnet = ["--data.dataset", "image_folder", "--data.root", root, "--trainer.accelerator", accelerator,
+              "--trainer.rounds", "2" if args.quick else "1", "--trainer.store", "compact"]
+    if args.quick:
+        resnet += ["--data.num_clients", "4", "--trainer.algorithm.num_neighbors", "2",
+                   "--data.max_train_samples", "400", "--trainer.local_epochs", "1"]
+    resnet_name = "ResNet18, 4 clients, E=1" if args.quick else "ResNet18, 100 clients, E=5, one round"
+    if "resnet18" in args.checks and report.time_left(60, resnet_name):
+        report.add(row(fit(out, resnet_name, config, *resnet, timeout=max(60, min(300, report.deadline - time.monotonic())))))
+    # 2. against the independent loop
+    table = "(skipped: the time budget ran out)"
+    if "loop" in args.checks and report.time_left(120, "round_time.py"):
+        settings = ["k10"] if args.quick else ["k10", "k100"]
+        try:
+            proc = subprocess.run([sys.executable, str(HERE / "round_time.py"), "--root", root, "--device",
+                                   args.device, "--settings", *settings, "--rounds", "2" if args.quick else "3",
+                                   "--max-train-samples", "2000" if args.quick else "10000"],
+                                  capture_output=True, text=True, cwd=REPO,
+                                  timeout=max(60, report.deadline - time.monotonic()))
+            table = proc.stdout[proc.stdout.find("| K, M"):] if proc.returncode == 0 else proc.stderr[-1500:]
+        except subprocess.TimeoutExpired:
+            table = "(round_time.py ran past the time budget)"
+        print(table, flush=True)
+    # 3-4. batched clients, precision
+    many = "K=20" if args.quick else "K=100"
+    if "batched" in args.checks and report.time_left(60, f"{many} serial / batched_clients"):
+        serial = fit(out, f"{many} serial", config, *k100)
+        batched = fit(out, f"{many} batched_clients", config, *k100, "--trainer.batched_clients", "true")
+        speedup = per_round(serial) / per_round(batched) if serial["ok"] and batched["ok"] else math.nan
+        report.add(row(serial), row(batched, f"{speedup:.2f} x serial"))
+    if "precision" in args.checks and report.time_left(40, "K=10 32-true / bf16-mixed"):
+        fp32 = fit(out, "K=10 32-true", config, *k10)
+        bf16 = fit(out, "K=10 bf16-mixed", config, *k10, "--trainer.precision", "bf16-mixed")
+        report.add(row(fp32), row(bf16, f"{per_round(fp32) / per_round(bf16):.2f} x fp32"
+                                  if bf16["ok"] and fp32["ok"] else ""))
+    # 5. where the store lives
+    for store in ("dense", "compact"):
+        for where in ("worker",):
+            name = f"K=10 store {store} on {where}"
+            if "store" in args.checks and report.time_left(20, name):
+                report.add(row(fit(out, name, config, *k10, "--trainer.store", store, "--trainer.store_device",
+                                   where)))
+    # 6. resume: 3 rounds straight (twice: is the device repeatable?), then the same run interrupted after
+    #    round 2 (benchmarks/interrupt.py: SIGINT, as a user's Ctrl-C) and resumed from its checkpoint
+    if "resume" in args.checks and report.time_left(60, "resume"):
+        full = fit(out, "resume: 3 rounds straight", config, *k10, "--trainer.checkpoint_every", "1")
+        again = fit(out, "resume: 3 rounds straight, again", config, *k10, "--trainer.checkpoint_every", "1")
+        first = fit(out, "resume: interrupted after round 2", config, *k10, "--trainer.checkpoint_every", "1",
+                    "--trainer.callbacks+=" + json.dumps({"class_path": "benchmarks.interrupt.InterruptAfterRound",
+                                                          "init_args": {"round": 2}}), interrupted=True)
+        if full["ok"] and again["ok"]:
+            repeatable = accuracies(full) == accuracies(again)
+            report.add(row(again, "equals the first straight run" if repeatable else
+                           "DIFFERS from the first straight run: the GPU run is not bit-for-bit repeatable"))
+        if first["ok"]:
+            resumed = fit(out, "resume: round 3 from the checkpoint", config, *k10, "--trainer.checkpoint_every",
+                          "1", "--ckpt_path", str(Path(first["run"]) / "checkpoints" / "last.ckpt"))
+            note = ""
+            if resumed["ok"] and full["ok"]:
+                same = accuracies(resumed)[-1:] == accuracies(full)[-1:]
+                note = ("round 3 equals the straight run's" if same else "round 3 DIFFERS from the straight run's")
+            report.add(row(resumed, note))
+        else:
+            report.add(row(first))
+    # 7. the ResNet18 round in bf16-mixed
+    if "resnet18-bf16" in args.checks and report.time_left(90, resnet_name + ", bf16-mixed"):
+        report.add(row(fit(out, resnet_name + ", bf16-mixed", config, *resnet, "--trainer.precision", "bf16-mixed",
+                           timeout=max(60, min(300, report.deadline - time.monotonic())))))
+    report.add("", "## Our round against the independent hand loop", "", table)
     shutil.rmtree(out, ignore_errors=True)
 
 

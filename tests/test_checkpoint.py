@@ -154,11 +154,14 @@ def test_resume_allow_accepts_a_named_change_and_refuses_unknown_keys(saved, tmp
     assert other.callbacks[-1].events == [] and other.history == []
 
 
-def test_extending_rounds_on_resume_runs_only_the_new_rounds(saved, tmp_path):
+def test_extending_rounds_on_resume_runs_only_the_new_rounds(saved, tmp_path, caplog):
     ckpt, history = saved
     started = Started()
     trainer = _trainer(tmp_path, callbacks=[started], rounds=3, checkpoint_every=1)
-    summary = trainer.fit(*_parts(), ckpt_path=str(ckpt))
+    with caplog.at_level(logging.INFO):
+        summary = trainer.fit(*_parts(), ckpt_path=str(ckpt))
+    assert "rounds: checkpoint=2 now=3" in caplog.text  # the log says the schedules follow the new length
+    assert "follow the new rounds from here" in caplog.text
     assert started.events == ["fit", 2]  # exactly one more round
     assert len(trainer.history) == 3 and trainer.history[:2] == history
     assert summary.rounds == 3

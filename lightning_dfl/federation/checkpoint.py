@@ -140,7 +140,9 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, allow: Iterable[str] 
     changed = compare_identity(state["identity"], identity, allow)
     if changed:
         rank_zero_info("Resuming with changed settings: " + "; ".join(
-            f"{k}: checkpoint={state['identity'].get(k)!r} now={identity.get(k)!r}" for k in changed))
+            f"{k}: checkpoint={state['identity'].get(k)!r} now={identity.get(k)!r}" for k in changed) + (
+            " (schedules over the run's length, such as RigL's cosine drop fraction and the pruning rounds, follow "
+            "the new rounds from here: the run differs from one started with it)" if "rounds" in changed else ""))
     check_finite(state, trainer.store, path)
     trainer.store.load_state_dict(state["store"])
     trainer.algorithm.load_state_dict(state["algorithm"])

@@ -1,0 +1,109 @@
+"""Time one local training step of a package model under each speed setting, on one device.
+
+What the floor of a round is made of: a DisPFL round of ``configs/dispfl_cifar10_dir.yaml`` runs
+100 clients x 5 epochs x 4 batches of 128 = 2,000 such ResNet18 steps. Each setting builds the
+model the way ``SparseClassifier`` does (ERK mask at density 0.5, gradient hooks, re-masking after
+the step) and times ``--steps`` SGD steps (lr 0.1, weight decay 5e-4) on random batches after
+``--warmup`` steps, synchronising the device at both ends:
+
+* memory format: ``contiguous`` (NCHW) or ``channels_last`` (weights and batches);
+* precision: ``fp32`` (with ``torch.set_float32_matmul_precision("high")``: TF32 on tensor cores)
+  or ``bf16`` (``torch.autocast`` to bfloat16, as ``precision: bf16-mixed``);
+* the model's normalisation: GroupNorm (the papers') or BatchNorm;
+* ``torch.compile`` of the model (default mode), once.
+
+    python benchmarks/step_time.py --device cuda
+    python benchmarks/step_time.py --device cpu --steps 3 --warmup 1 --settings cl-fp32   # a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from lightning_dfl.module import SparseClassifier
+
+SETTINGS = {  # name: (memory format, precision, norm, compile)
+    "nchw-fp32": ("contiguous", "fp32", "group", False),
+    "cl-fp32": ("channels_last", "fp32", "group", False),
+    "nchw-bf16": ("contiguous", "bf16", "group", False),
+    "cl-bf16": ("channels_last", "bf16", "group", False),
+    "cl-fp32-batchnorm": ("channels_last", "fp32", "batch", False),
+    "cl-bf16-batchnorm": ("channels_last", "bf16", "batch", False),
+    "cl-bf16-compile": ("channels_last", "bf16", "group", True),
+}
+
+
+def time_setting(name: str, arch: str, device: torch.device, batch: int, steps: int, warmup: int) -> float:
+    """Seconds per training step (median of ``steps`` timed one by one after ``warmup``)."""
+    memory_format, precision, norm, compiled = SETTINGS[name]
+    module = SparseClassifier(arch=arch, density=0.5, model_options={"norm": norm})
+    module.build(num_classes=10, in_channels=3, image_size=32)
+    model = module.model.to(device)
+    module.mask.to(device)
+    fmt = torch.channels_last if memory_format == "channels_last" else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    runner = torch.compile(model) if compiled else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=5e-4)
+    images = torch.randn(batch, 3, 32, 32, device=device).contiguous(memory_format=fmt)
+    labels = torch.randint(0, 10, (batch,), device=device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = F.cross_entropy(runner(images), labels)
+        loss.backward()
+        optimizer.step()
+        module.mask.apply_()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(steps):
+        tic = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - tic)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--arch", default="resnet18")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.benchmark = True
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"# {args.arch} training step, batch {args.batch}, density 0.5, on {name}, torch {torch.__version__}")
+    print("\n| setting | ms/step | x nchw-fp32 | 2,000 steps s |\n|---|---|---|---|", flush=True)
+    base = None
+    for setting in args.settings:
+        try:
+            seconds = time_setting(setting, args.arch, device, args.batch, args.steps, args.warmup)
+        except Exception as error:  # a benchmark row, not a crash: report and go on
+            print(f"| {setting} | failed: {type(error).__name__}: {str(error).splitlines()[0][:120]} | | |",
+                  flush=True)
+            continue
+        base = base or (seconds if setting == "nchw-fp32" else None)
+        ratio = f"{base / seconds:.2f}" if base else ""
+        print(f"| {setting} | {1000 * seconds:.1f} | {ratio} | {2000 * seconds:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
