@@ -1,5 +1,6 @@
 """Record (or check) the engine's golden runs: DisPFL, DA-DPFL (voting and PQI firing), D-PSGD,
-Local and FedAvg on the digits set, a few rounds each.
+Local, FedAvg, and the algorithms with a round-level evaluation or their own data access (Ditto,
+FedAvg-FT, D-PSGD-FT, Sub-FedAvg, FedFomo) on the digits set, a few rounds each.
 
     python tests/golden/record.py          # rewrite tests/golden/engine_runs.pt
 
@@ -22,7 +23,8 @@ from pathlib import Path
 import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DisPFL, FedAvg, Local
+from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DPSGDFT, DisPFL, Ditto, FedAvg, FedAvgFT, FedFomo, Local, \
+    SubFedAvg
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -36,6 +38,11 @@ RUNS = {
     "dpsgd": (lambda: DPSGD(num_neighbors=2), 3, 1.0, {}),
     "local": (lambda: Local(), 2, 0.5, {}),
     "fedavg": (lambda: FedAvg(clients_per_round=3), 3, 1.0, {}),
+    "ditto": (lambda: Ditto(clients_per_round=3, global_epochs=1, personal_epochs=1), 2, 1.0, {}),
+    "fedavg_ft": (lambda: FedAvgFT(clients_per_round=3, finetune_epochs=1), 2, 1.0, {}),
+    "dpsgd_ft": (lambda: DPSGDFT(num_neighbors=2, finetune_epochs=1), 2, 1.0, {}),
+    "subfedavg": (lambda: SubFedAvg(clients_per_round=3, acc_thresh=0.0, dist_thresh=0.0), 3, 1.0, {}),
+    "fedfomo": (lambda: FedFomo(num_neighbors=2), 2, 1.0, {}),
 }
 
 
