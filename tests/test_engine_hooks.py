@@ -314,3 +314,58 @@ def test_aggregate_may_choose_the_receiver_mask_it_trains_and_publishes_with():
         for n, m in published.items():
             assert (weights[n][~m] == 0).all()
     assert trainer.history[0]["density/mean"] == pytest.approx(0.25, abs=0.01)  # half of ERK 0.5
+
+
+# -- round-level hooks: init_state and evaluate_round ---------------------------------------------
+class _ClientZeroEverywhere(Local):
+    """Local training with an evaluation of its own: client 0's model tested on every client, and a
+    declared field set from the initial models by init_state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, bool]] = []
+
+    def state_fields(self):
+        return [StateField("probe/initial_sum", dtype=torch.float64)]
+
+    def init_state(self, store, num_clients):
+        for k in range(num_clients):
+            weights, _ = store.published(k)
+            store.write(k, "probe/initial_sum", float(sum(t.double().sum() for t in weights.values())))
+
+    def evaluate_round(self, ctx):
+        self.calls.append((ctx.round_idx, ctx.evaluates))
+        if not ctx.evaluates:
+            return {"probe/rounds": float(ctx.round_idx)}
+        weights, mask = ctx.store.published(0)
+        ctx.load(weights, mask)
+        accs = [ctx.test(k) for k in range(ctx.num_clients)]
+        return {"probe/client0_on_all": sum(accs) / len(accs)}
+
+
+def test_evaluate_round_runs_every_round_and_its_metrics_reach_the_row():
+    algorithm = _ClientZeroEverywhere()
+    trainer = _run(algorithm, rounds=3, eval_every=2)
+    assert algorithm.calls == [(0, False), (1, True), (2, True)]  # every round; evaluated: every 2nd and the last
+    assert trainer.history[0]["probe/rounds"] == 0.0 and "probe/client0_on_all" not in trainer.history[0]
+    store = trainer.store
+    assert 0.0 <= trainer.history[2]["probe/client0_on_all"] <= 1.0
+    initial = [store.read(k, "probe/initial_sum").item() for k in range(5)]
+    assert len(set(initial)) == 1 and initial[0] != 0.0  # Local: every client starts from the same model
+
+
+def test_evaluate_round_tests_the_model_it_loads():
+    """ctx.load + ctx.test of each client's published model give the engine's own "trained" accuracies."""
+    seen = []
+
+    class Probe(Local):
+        def evaluate_round(self, ctx):
+            for k in range(ctx.num_clients):
+                weights, mask = ctx.store.published(k)
+                ctx.load(weights, mask)
+                seen.append(ctx.test(k))
+            return {}
+
+    trainer = _run(Probe(), rounds=1, density=0.5)
+    assert sum(seen) / len(seen) == pytest.approx(trainer.history[-1]["acc/personal_mean"], abs=1e-12)
+    assert max(seen) == pytest.approx(trainer.history[-1]["acc/personal_max"], abs=1e-12)

@@ -1,4 +1,5 @@
-"""What an algorithm sees: a round's context when it plans, a task's context while a node's task runs."""
+"""What an algorithm sees: a round's context when it plans, a task's context while a node's task runs, and an
+evaluation context at a round's end."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_dfl.federation.evaluation import accuracy
 from lightning_dfl.federation.plan import Task
 from lightning_dfl.federation.state import ClientStore
 from lightning_dfl.seeding import derive_seed
@@ -59,6 +61,11 @@ class CountingBatches:
     def __len__(self) -> int:
         return len(self._batches)  # type: ignore[arg-type]
 
+    @property
+    def batch_size(self) -> int | None:
+        """The batch size of the batches drawn (``None`` when the source does not say)."""
+        return getattr(self._batches, "batch_size", None)
+
 
 @dataclass
 class TaskContext:
@@ -85,6 +92,9 @@ class TaskContext:
     test_batches: Callable[[], Iterable[tuple[Tensor, Tensor]]]
     worker: dict[str, Tensor] = field(default_factory=dict)
     train_batches: CountingBatches | None = None
+    #: ``(client, generator) -> CountingBatches``: any client's training batches drawn with ``generator``
+    #: (on the worker's device, in the precision's input dtype), for algorithms with their own data split
+    draw_train_batches: Callable[[int, torch.Generator], CountingBatches] | None = None
     #: set by the hooks: anything the task wants to report in ``clients.csv`` (name -> number)
     report: dict[str, float] = field(default_factory=dict)
     #: values the hooks of one task share (e.g. a proximal anchor)
@@ -113,3 +123,60 @@ class TaskContext:
     def generator(self, stream: str) -> torch.Generator:
         """A CPU generator for ``stream`` seeded by :meth:`seed_of`."""
         return torch.Generator().manual_seed(self.seed_of(stream))
+
+
+@dataclass
+class EvaluationContext:
+    """What an algorithm's round-level hook (:meth:`~Algorithm.evaluate_round`) may do at a round's end:
+    read the store, load any model into the worker, test the worker on a client's test set, and run a
+    task that publishes nothing (:meth:`task`: fine-tuning). The worker is the round's: whatever is
+    loaded is overwritten by the next task, which loads its own node.
+    """
+
+    round_idx: int
+    num_rounds: int
+    num_clients: int
+    seed: int
+    #: whether this round is an evaluated one (``eval_every``, and the last)
+    evaluates: bool
+    store: ClientStore
+    module: Any
+    optimizer: Any
+    fabric: Any
+    local_epochs: int
+    local_steps: int | None
+    worker: dict[str, Tensor]
+    #: ``weights -> None``: copy a model (the store's names) into the worker
+    load_weights: Callable[[dict[str, Tensor]], None]
+    #: ``client -> batches``: the client's test batches on the worker's device
+    test_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]]]
+    #: ``(client, generator) -> CountingBatches``: the client's training batches drawn with ``generator``
+    draw_train_batches: Callable[[int, torch.Generator], CountingBatches]
+    #: ``() -> (weights, mask) | None``: the algorithm's shared model (its consensus sources, averaged)
+    shared_model: Callable[[], tuple[dict[str, Tensor], dict[str, Tensor]] | None]
+
+    def load(self, weights: dict[str, Tensor], mask: dict[str, Tensor], apply: bool = True) -> None:
+        """Put a model with its mask into the worker (``apply``: zero the weights the mask excludes)."""
+        self.module.mask.load_(mask, apply=False)
+        self.load_weights(weights)
+        if apply:
+            self.module.mask.apply_()
+
+    def test(self, client: int) -> float:
+        """The worker's accuracy on ``client``'s test set."""
+        return accuracy(self.module, self.fabric, self.test_batches(client))
+
+    def task(self, client: int, round_idx: int, local_epochs: int, local_steps: int | None,
+             train_batches: CountingBatches) -> TaskContext:
+        """A task context for ``client`` on the worker as it is, which publishes nothing and calls no
+        callbacks (evaluation is not training: mask search and pruning do not see it)."""
+        return TaskContext(task=Task(node=client), round_idx=round_idx, num_rounds=self.num_rounds, exchange=0,
+                           num_clients=self.num_clients, seed=self.seed, module=self.module,
+                           optimizer=self.optimizer, store=self.store, fabric=self.fabric, local_epochs=local_epochs,
+                           local_steps=local_steps, call=_no_callbacks,
+                           test_batches=lambda: self.test_batches(client), worker=self.worker,
+                           train_batches=train_batches, draw_train_batches=self.draw_train_batches)
+
+
+def _no_callbacks(*args: Any) -> None:
+    """The callbacks of a task run by an evaluation: none."""

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from lightning_dfl.callbacks.base import defined_hooks
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
-from lightning_dfl.federation.context import CountingBatches, TaskContext
+from lightning_dfl.federation.context import TaskContext
 from lightning_dfl.federation.plan import RoundPlan, StartReads, Task
 from lightning_dfl.transfers import copy_all_
 
@@ -74,7 +74,8 @@ class SerialExecutor:
                            num_clients=t.num_clients,
                            seed=t.seed, module=t.module, optimizer=t.optimizer, store=t.store, fabric=t.fabric,
                            local_epochs=t.local_epochs, local_steps=t.local_steps, call=t._call,
-                           test_batches=lambda: t.test_batches(task.node), worker=t.worker)
+                           test_batches=lambda: t.test_batches(task.node), worker=t.worker,
+                           draw_train_batches=t.train_batches)
 
     @torch.no_grad()
     def load(self, weights: dict[str, Tensor]) -> None:
@@ -126,9 +127,7 @@ class SerialExecutor:
             record.acc_aggregated = algorithm.evaluate(ctx, "aggregated")
         generator = ctx.generator("data")
         torch.manual_seed(ctx.seed_of("torch"))
-        batches = CountingBatches(t.datamodule.client_train_batches(node, generator, device=t.fabric.device),
-                                  t.convert_input)
-        ctx.train_batches = t.train_dataloader = batches
+        ctx.train_batches = t.train_dataloader = t.train_batches(node, generator)
         record.flops = 3 * forward_flops  # per sample, at the mask it trains under (x samples at the end)
         algorithm.configure_optimizer(ctx)
         self._restore_optimizer_state(ctx)

@@ -38,7 +38,7 @@ from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from lightning_dfl.federation.checkpoint_io import check_file
 from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.compact_state import check_store_kind, store_class
-from lightning_dfl.federation.context import CountingBatches, RoundContext
+from lightning_dfl.federation.context import CountingBatches, EvaluationContext, RoundContext
 from lightning_dfl.federation.diagnostics import AUTO_MAX_K, RunDiagnostics, check_diagnostics, personal_spread
 from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED, SerialExecutor
@@ -359,6 +359,7 @@ class FederatedTrainer:
         for node, mask in enumerate(self._initial_masks(model, num_clients, num_nodes)):
             self.store.initialize(node, self.worker, mask)
         self.sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
+        self.algorithm.init_state(self.store, num_clients)
         for callback in self.callbacks:
             callback.setup(self, model, "fit")
         self.reporter = RoundReporter(self.logger, self.is_global_zero)
@@ -553,6 +554,7 @@ class FederatedTrainer:
         metrics["time/elapsed"] = self.clock.advance(timing["duration"])
         if evaluate:
             metrics.update(self._consensus_metrics())
+        self._extra_metrics.update(self.algorithm.evaluate_round(self.evaluation_context(round_idx, evaluate)))
         self._call("on_federated_round_end")
         metrics.update(personal_spread([r.acc_trained for r in accounting.records if r.acc_trained is not None]))
         if self.diag is not None:
@@ -564,6 +566,21 @@ class FederatedTrainer:
         self.history.append(metrics)
         self.reporter.log_round(round_idx, metrics, accounting.client_rows())
         return metrics
+
+    def evaluation_context(self, round_idx: int, evaluates: bool) -> EvaluationContext:
+        """What :meth:`~Algorithm.evaluate_round` may use at ``round_idx``'s end."""
+        return EvaluationContext(round_idx=round_idx, num_rounds=self.rounds, num_clients=self.num_clients,
+                                 seed=self.seed, evaluates=evaluates, store=self.store, module=self.module,
+                                 optimizer=self.optimizer, fabric=self.fabric, local_epochs=self.local_epochs,
+                                 local_steps=self.local_steps, worker=self.worker, load_weights=self.executor.load,
+                                 test_batches=self.test_batches, draw_train_batches=self.train_batches,
+                                 shared_model=self.shared_model)
+
+    def train_batches(self, client: int, generator: torch.Generator) -> CountingBatches:
+        """The client's training batches drawn with ``generator``, on the worker's device, in the precision's
+        input dtype."""
+        return CountingBatches(self.datamodule.client_train_batches(client, generator, device=self.fabric.device),
+                               self.convert_input)
 
     def test_batches(self, client: int) -> CountingBatches:
         """The client's test batches on the worker's device, in the precision's input dtype."""

@@ -23,8 +23,18 @@ from pathlib import Path
 import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DPSGDFT, DisPFL, Ditto, FedAvg, FedAvgFT, FedFomo, Local, \
-    SubFedAvg
+from lightning_dfl.federation.algorithms import (
+    DADPFL,
+    DPSGD,
+    DPSGDFT,
+    DisPFL,
+    Ditto,
+    FedAvg,
+    FedAvgFT,
+    FedFomo,
+    Local,
+    SubFedAvg,
+)
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 

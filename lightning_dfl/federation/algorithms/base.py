@@ -14,12 +14,12 @@ from torch import Tensor
 
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.aggregation import masked_average
-from lightning_dfl.federation.context import RoundContext, TaskContext
+from lightning_dfl.federation.context import EvaluationContext, RoundContext, TaskContext
 from lightning_dfl.federation.evaluation import deferred_accuracy
 from lightning_dfl.federation.local import train_locally
 from lightning_dfl.federation.messages import Message, gather_messages, masked_codec
 from lightning_dfl.federation.plan import RoundPlan, Source
-from lightning_dfl.federation.state import StateField
+from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.federation.topology import Topology, build_topology
 
 __all__ = ["Algorithm", "GossipAlgorithm", "RoundContext", "TaskContext"]
@@ -63,7 +63,10 @@ class Algorithm:
       (the loop: :meth:`loss`, :meth:`optimizer_step`) -> callbacks' ``on_client_train_end`` ->
       :meth:`evaluate` (``"trained"``) -> :meth:`publish_fields` -> publish -> callbacks'
       ``on_client_end``;
-    - :meth:`consensus_sources` (a shared model tested on every client at the round's end).
+    - at the round's end: :meth:`consensus_sources` (a shared model tested on every client), then
+      :meth:`evaluate_round` (the algorithm's own evaluations), then :meth:`round_metrics`.
+
+    :meth:`init_state` runs once, when the store holds the initial models.
 
     Per-client state the algorithm needs lives in the client store as :meth:`state_fields`; its
     own state across rounds in :meth:`state_dict`.
@@ -138,6 +141,19 @@ class Algorithm:
     def callbacks(self) -> list[Callback]:
         """Callbacks the algorithm needs; a user callback of the same class replaces its default."""
         return []
+
+    def init_state(self, store: ClientStore, num_clients: int) -> None:
+        """Called once the store holds every node's initial model and mask (clients ``0..num_clients-1``, then
+        the servers), before a checkpoint (if any) is loaded: give declared fields initial values that depend
+        on those models (default: nothing)."""
+
+    def evaluate_round(self, ctx: EvaluationContext) -> dict[str, float]:
+        """Called at every round's end (``ctx.evaluates``: an evaluated round), after the shared model's
+        evaluation and before the callbacks' ``on_federated_round_end``: evaluations of the algorithm's
+        own (its clients' personal models, a fine-tuned shared model, ...) through ``ctx`` (load any model
+        into the worker, test it on a client, run a task that publishes nothing). Returns metrics for the
+        round's row (default: none)."""
+        return {}
 
     def make_optimizer(self, module: Any) -> torch.optim.Optimizer:
         """The worker's optimizer, built once (default: the module's SGD from its settings)."""

@@ -17,7 +17,7 @@ and here they run one after the other so that E_g = 2 and E_p = 3 (the DA/DP scr
 --local_epochs 3``) can differ. Only w travels: communication is FedAvg's; FLOPs count E_g + E_p epochs.
 
 Evaluation (notes: "v_i for all K clients"): at every evaluated round's end
-:class:`PersonalModelEvaluation` tests every client's v_i on its test set (``acc/personal_mean``,
+:meth:`Ditto.evaluate_round` tests every client's v_i on its test set (``acc/personal_mean``,
 the headline); a sampled client's task also scores its new v_i (``clients.csv``), and
 ``acc/consensus_mean`` is w on every client, as FedAvg's.
 """
@@ -29,45 +29,22 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback
 from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import TaskContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
-from lightning_dfl.federation.context import RoundContext
-from lightning_dfl.federation.evaluation import accuracy
+from lightning_dfl.federation.context import EvaluationContext, RoundContext
 from lightning_dfl.federation.local import train_locally
 from lightning_dfl.federation.plan import RoundPlan
-from lightning_dfl.federation.state import StateField
+from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.stats import mean_std
 
-__all__ = ["Ditto", "PersonalModelEvaluation", "PERSONAL"]
+__all__ = ["Ditto", "PERSONAL"]
 
 #: the store field of v_i
 PERSONAL = "ditto/personal"
 WEIGHTINGS = ("uniform", "samples")
-
-
-class PersonalModelEvaluation(Callback):
-    """Sets every client's v_i to the initial model w^0 before the first round, and at every evaluated
-    round's end tests all K personal models on their clients' test sets (``acc/personal_mean|std``)."""
-
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        initial, _ = trainer.store.published(trainer.num_clients)  # the server's w^0 (a resume then loads v_i)
-        for k in range(trainer.num_clients):
-            trainer.store.write(k, PERSONAL, initial)
-
-    def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
-        if not trainer.evaluates(trainer.current_round):
-            return
-        store, accs = trainer.store, []
-        for k in range(trainer.num_clients):
-            trainer.module.mask.load_(store.mask(k), apply=False)
-            trainer.executor.load(store.read(k, PERSONAL))
-            accs.append(accuracy(trainer.module, trainer.fabric, trainer.test_batches(k)))
-        mean, std = mean_std(accs)
-        trainer.log_metrics({"acc/personal_mean": mean, "acc/personal_std": std})
 
 
 class Ditto(FedAvg):
@@ -104,8 +81,22 @@ class Ditto(FedAvg):
     def state_fields(self) -> list[StateField]:
         return [StateField(PERSONAL, like="weights", dtype=None)]
 
-    def callbacks(self) -> list[Callback]:
-        return [*super().callbacks(), PersonalModelEvaluation()]
+    def init_state(self, store: ClientStore, num_clients: int) -> None:
+        """Every client's v_i starts at w^0, the server's (node K's) initial model; a resume then loads v_i."""
+        initial, _ = store.published(num_clients)
+        for k in range(num_clients):
+            store.write(k, PERSONAL, initial)
+
+    def evaluate_round(self, ctx: EvaluationContext) -> dict[str, float]:
+        """At an evaluated round: every client's v_i on its test set (``acc/personal_mean|std``, the headline)."""
+        if not ctx.evaluates:
+            return {}
+        accs = []
+        for k in range(ctx.num_clients):
+            ctx.load(ctx.store.read(k, PERSONAL), ctx.store.mask(k), apply=False)
+            accs.append(ctx.test(k))
+        mean, std = mean_std(accs)
+        return {"acc/personal_mean": mean, "acc/personal_std": std}
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         plan = super().plan_round(ctx)

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext
 from lightning_dfl.federation.context import CountingBatches
@@ -139,7 +137,6 @@ class FedFomo(Algorithm):
         self.val_fraction = float(val_fraction)
         self.affinity_update = affinity_update
         self._num_clients = 0
-        self._data: Any = None  # (client, generator) -> (its training batches, batch size); set by FedFomoData
         self._extra_flops, self._tasks, self._positive, self._received = 0.0, 0, 0, 0
 
     def validate(self, num_clients: int) -> None:
@@ -148,9 +145,6 @@ class FedFomo(Algorithm):
             raise ValueError(f"num_neighbors (M) must be < the number of clients (K): got M={self.num_neighbors}, "
                              f"K={num_clients}")
         self._num_clients = num_clients
-
-    def callbacks(self) -> list[Any]:
-        return [FedFomoData(self)]
 
     def state_fields(self) -> list[StateField]:
         return [StateField(AFFINITY, shape=(self._num_clients,), dtype=torch.float64)]
@@ -188,10 +182,12 @@ class FedFomo(Algorithm):
         """The client's fixed split: one pass of its training batches drawn by a generator seeded by
         ``(seed, "fedfomo/split", client)`` alone (the same samples, in the same order, every round); the
         first ``val_fraction`` are its validation batches, the rest its training samples."""
-        if self._data is None:
-            raise RuntimeError("FedFomo reads its clients' data through its callback; run it in a FederatedTrainer")
+        if ctx.draw_train_batches is None:
+            raise RuntimeError("FedFomo draws its clients' batches through the task context (draw_train_batches); "
+                               "run it in a FederatedTrainer")
         generator = torch.Generator().manual_seed(derive_seed(ctx.seed, "fedfomo/split", ctx.node))
-        batches, batch_size = self._data(ctx.node, generator)
+        batches = ctx.draw_train_batches(ctx.node, generator)
+        batch_size = batches.batch_size
         drawn = list(batches)
         if not drawn:
             empty = torch.empty(0)
@@ -260,21 +256,3 @@ class FedFomo(Algorithm):
                                              + self._extra_flops / max(self._tasks, 1))
         self._extra_flops, self._tasks, self._positive, self._received = 0.0, 0, 0, 0
         return out
-
-
-class FedFomoData(FederatedCallback):
-    """Gives :class:`FedFomo` its clients' training batches drawn with its own generator (the datamodule's
-    ``client_train_batches``, on the worker's device, in the precision's input dtype)."""
-
-    def __init__(self, algorithm: FedFomo) -> None:
-        self.algorithm = algorithm
-
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if not hasattr(trainer, "datamodule"):
-            return
-
-        def draw(client: int, generator: torch.Generator) -> tuple[CountingBatches, int]:
-            batches = trainer.datamodule.client_train_batches(client, generator, device=trainer.fabric.device)
-            return CountingBatches(batches, trainer.convert_input), batches.batch_size
-
-        self.algorithm._data = draw

@@ -24,78 +24,19 @@ fine-tuned with plain numbers): ``eval_every: 100`` is the authors' D-PSGD-FT sc
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-from lightning.pytorch import Callback
 
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
 from lightning_dfl.federation.algorithms.gossip import DPSGD
-from lightning_dfl.federation.context import CountingBatches, TaskContext
-from lightning_dfl.federation.evaluation import accuracy
-from lightning_dfl.federation.plan import Task
+from lightning_dfl.federation.context import EvaluationContext
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.stats import mean_std
 
-__all__ = ["DPSGDFT", "FedAvgFT", "SharedModelFineTuning"]
+__all__ = ["DPSGDFT", "FedAvgFT"]
 
 #: the round index the fine-tuning's learning rate is taken at (lr_0 x lr_decay^-1, the authors' code)
 FINETUNE_ROUND = -1
-
-
-def _no_hooks(*args: Any) -> None:
-    """Fine-tuning is evaluation: the user's training callbacks (mask search, pruning) do not see it."""
-
-
-class SharedModelFineTuning(Callback):
-    """At each evaluated round's end: fine-tune the algorithm's shared model (its
-    :meth:`~Algorithm.consensus_sources`, averaged) on every client with the algorithm's own
-    :meth:`~Algorithm.configure_optimizer` and :meth:`~Algorithm.local_train` at round index -1, test it
-    on the client's test set, and log ``acc/finetune_*`` and ``flops/finetune_*``.
-
-    Args:
-        epochs: fine-tuning epochs; ``None``: the trainer's local work (``local_epochs``, or ``local_steps``).
-    """
-
-    def __init__(self, epochs: int | None = None) -> None:
-        self.epochs = epochs
-
-    def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
-        if not trainer.evaluates(trainer.current_round):
-            return
-        algorithm, module, fabric = trainer.algorithm, trainer.module, trainer.fabric
-        found = trainer.shared_model()
-        if found is None:
-            raise ValueError(f"{type(algorithm).__name__} has no shared model (consensus_sources) to fine-tune")
-        shared, mask = found
-        epochs = trainer.local_epochs if self.epochs is None else self.epochs
-        steps = trainer.local_steps if self.epochs is None else None
-        accs, flops = [], 0.0
-        for k in range(trainer.num_clients):
-            module.mask.load_(mask, apply=False)
-            trainer.executor.load(shared)
-            module.mask.apply_()
-            torch.manual_seed(derive_seed(trainer.seed, "finetune/torch", trainer.current_round, k))
-            generator = torch.Generator().manual_seed(derive_seed(trainer.seed, "finetune", trainer.current_round, k))
-            batches = CountingBatches(trainer.datamodule.client_train_batches(k, generator, device=fabric.device),
-                                      trainer.convert_input)
-            ctx = TaskContext(task=Task(node=k), round_idx=FINETUNE_ROUND, num_rounds=trainer.rounds, exchange=0,
-                              num_clients=trainer.num_clients, seed=trainer.seed, module=module,
-                              optimizer=trainer.optimizer, store=trainer.store, fabric=fabric, local_epochs=epochs,
-                              local_steps=steps, call=_no_hooks, test_batches=lambda k=k: trainer.test_batches(k),
-                              worker=trainer.worker, train_batches=batches)
-            algorithm.configure_optimizer(ctx)
-            if epochs or steps:
-                with torch.enable_grad():
-                    algorithm.local_train(ctx)
-            flops += batches.samples * 3 * module.forward_flops()
-            accs.append(accuracy(module, fabric, trainer.test_batches(k)))
-        trainer.optimizer.state.clear()
-        trainer.executor.load(shared)  # the worker holds the shared model again, as the round left it
-        mean, std = mean_std(accs)
-        trainer.log_metrics({"acc/finetune_mean": mean, "acc/finetune_std": std, "flops/finetune_total": flops,
-                             "flops/finetune_per_client": flops / trainer.num_clients})
 
 
 class _FineTuned:
@@ -108,8 +49,39 @@ class _FineTuned:
             check_int("finetune_epochs (None: the trainer's local epochs)", finetune_epochs, 0)
         self.finetune_epochs = finetune_epochs
 
-    def callbacks(self) -> list[Callback]:
-        return [*super().callbacks(), SharedModelFineTuning(self.finetune_epochs)]  # type: ignore[misc]
+    def evaluate_round(self, ctx: EvaluationContext) -> dict[str, float]:
+        """At an evaluated round: fine-tune the shared model (:meth:`~Algorithm.consensus_sources`, averaged)
+        on every client with the algorithm's own :meth:`~Algorithm.configure_optimizer` and
+        :meth:`~Algorithm.local_train` at round index -1 (``finetune_epochs``, or the trainer's local work),
+        test it on the client's test set; ``acc/finetune_*`` and ``flops/finetune_*``."""
+        metrics = dict(super().evaluate_round(ctx))  # type: ignore[misc]
+        if not ctx.evaluates:
+            return metrics
+        found = ctx.shared_model()
+        if found is None:
+            raise ValueError(f"{type(self).__name__} has no shared model (consensus_sources) to fine-tune")
+        shared, mask = found
+        epochs = ctx.local_epochs if self.finetune_epochs is None else self.finetune_epochs
+        steps = ctx.local_steps if self.finetune_epochs is None else None
+        accs, flops = [], 0.0
+        for k in range(ctx.num_clients):
+            ctx.load(shared, mask)
+            torch.manual_seed(derive_seed(ctx.seed, "finetune/torch", ctx.round_idx, k))
+            generator = torch.Generator().manual_seed(derive_seed(ctx.seed, "finetune", ctx.round_idx, k))
+            batches = ctx.draw_train_batches(k, generator)
+            task = ctx.task(k, FINETUNE_ROUND, epochs, steps, batches)
+            self.configure_optimizer(task)  # type: ignore[attr-defined]
+            if epochs or steps:
+                with torch.enable_grad():
+                    self.local_train(task)  # type: ignore[attr-defined]
+            flops += batches.samples * 3 * ctx.module.forward_flops()
+            accs.append(ctx.test(k))
+        ctx.optimizer.state.clear()
+        ctx.load_weights(shared)  # the worker holds the shared model again, as the round left it
+        mean, std = mean_std(accs)
+        metrics.update({"acc/finetune_mean": mean, "acc/finetune_std": std, "flops/finetune_total": flops,
+                        "flops/finetune_per_client": flops / ctx.num_clients})
+        return metrics
 
     def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """The fine-tuned models are the clients' personal models (the headline); what the round's

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms.base import TaskContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
+from lightning_dfl.federation.context import EvaluationContext
 from lightning_dfl.federation.evaluation import accuracy
 from lightning_dfl.federation.local import train_locally
 from lightning_dfl.federation.messages import Message, gather_messages, masked_codec
@@ -122,11 +122,26 @@ class SubFedAvg(FedAvg):
         self._check_flops = 0.0
         self._tasks = 0
 
-    def callbacks(self) -> list[Any]:
-        return [SubnetworkEvaluation()]
+    def evaluate_round(self, ctx: EvaluationContext) -> dict[str, float]:
+        """Every round: the clients' mean density (``subfedavg/density_mean``); at evaluated rounds the
+        server's model under each client's personal mask, w * m_i, on that client's test set
+        (``acc/subnetwork_mean|std``, the headline)."""
+        store, server = ctx.store, ctx.num_clients
+        densities = [float(sum(int(m.sum()) for m in store.mask(k).values()) / max(store.masked_size(), 1))
+                     for k in range(server)]
+        metrics = {"subfedavg/density_mean": sum(densities) / len(densities)}
+        if not ctx.evaluates:
+            return metrics
+        weights, _ = store.published(server)
+        accs = []
+        for k in range(server):
+            ctx.load(weights, store.mask(k))
+            accs.append(ctx.test(k))
+        mean, std = mean_std(accs)
+        return {**metrics, "acc/subnetwork_mean": mean, "acc/subnetwork_std": std}
 
     def consensus_sources(self, num_clients: int) -> None:
-        return None  # the dense server model alone is not what Sub-FedAvg evaluates (see SubnetworkEvaluation)
+        return None  # the dense server model alone is not what Sub-FedAvg evaluates (see evaluate_round)
 
     # -- communication: sparse both ways -----------------------------------------------------------
     def message(self, ctx: TaskContext, source: Source) -> Message:
@@ -208,25 +223,3 @@ class SubFedAvg(FedAvg):
                                              + self._check_flops / max(self._tasks, 1))
         self._pruned, self._check_flops, self._tasks = 0, 0.0, 0
         return out
-
-
-class SubnetworkEvaluation(FederatedCallback):
-    """At evaluation rounds: the server's model under each client's personal mask, w * m_i, on that
-    client's test set (``acc/subnetwork_mean|std``), and the clients' mean density."""
-
-    def on_federated_round_end(self, trainer: Any, pl_module: Any) -> None:
-        store, server = trainer.store, trainer.num_clients
-        densities = [float(sum(int(m.sum()) for m in store.mask(k).values()) / max(store.masked_size(), 1))
-                     for k in range(server)]
-        trainer.log_metrics({"subfedavg/density_mean": sum(densities) / len(densities)})
-        if not trainer.evaluates(trainer.current_round):
-            return
-        weights, _ = store.published(server)
-        accs = []
-        for k in range(server):
-            pl_module.mask.load_(store.mask(k), apply=False)
-            trainer.executor.load(weights)
-            pl_module.mask.apply_()
-            accs.append(accuracy(pl_module, trainer.fabric, trainer.test_batches(k)))
-        mean, std = mean_std(accs)
-        trainer.log_metrics({"acc/subnetwork_mean": mean, "acc/subnetwork_std": std})
