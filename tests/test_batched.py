@@ -123,19 +123,24 @@ def test_batchnorm_running_statistics_match_the_serial_path(arch, options, data)
 def test_batchnorm_without_momentum_dropout_and_other_buffers_are_refused():
     trainer = _fit(Local(), True, arch="resnet20", local_steps=1)
     model = trainer.module.model
+
+    def check_batchable_run():
+        state = trainer.state
+        check_batchable(state.algorithm, state.module, state.optimizer, state.precision, state.callbacks)
+
     model.bn1.momentum = None
     with pytest.raises(ValueError, match="bn1 \\(BatchNorm2d\\) has momentum=None"):
-        check_batchable(trainer)
+        check_batchable_run()
     model.bn1.momentum = 0.1
     model.register_buffer("scale", torch.ones(1))
     with pytest.raises(ValueError, match="the model has buffers \\(scale\\); only BatchNorm's"):
-        check_batchable(trainer)
+        check_batchable_run()
     del model.scale
     model.drop = nn.Dropout(0.0)  # an identity: batched
-    check_batchable(trainer)
+    check_batchable_run()
     model.drop.p = 0.5
     with pytest.raises(ValueError, match="drop \\(Dropout\\) draws random numbers"):
-        check_batchable(trainer)
+        check_batchable_run()
 
 
 class BatchHook(FederatedCallback):

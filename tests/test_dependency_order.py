@@ -48,8 +48,8 @@ class ShuffledExecutor(SerialExecutor):
     """Runs each round's tasks in a seeded random topological order that differs, where the plan
     allows one, from both ``plan.order()`` and the reference executor's ``levels()`` walk."""
 
-    def __init__(self, trainer, seed=1234, tries=50):
-        super().__init__(trainer)
+    def __init__(self, state, seed=1234, tries=50):
+        super().__init__(state)
         self.rng = random.Random(seed)
         self.tries = tries
         self.walks = []  # per round: (plan.order(), levels walk, the order run, whether some task waits)
@@ -69,7 +69,7 @@ class ShuffledExecutor(SerialExecutor):
         accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
         for task in order:
             self.run_task(task, accounting, evaluate, exchange)
-        self.trainer.current_client = None
+        self.state.current_client = None
         return accounting
 
 
@@ -127,7 +127,7 @@ def _run(shuffled):
     trainer = FederatedTrainer(algorithm=algorithm, rounds=ROUNDS, local_epochs=1, logger=False, accelerator="cpu",
                                enable_progress_bar=False, callbacks=[models], seed=3)
     if shuffled:
-        trainer.executor = ShuffledExecutor(trainer)
+        trainer.executor_factory = ShuffledExecutor
     dm = FederatedDataModule(dataset="digits", num_clients=NUM_CLIENTS, batch_size=32, test_samples_per_client=30)
     trainer.fit(SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05), dm)
     return trainer

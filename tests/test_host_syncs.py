@@ -67,9 +67,9 @@ def _fit(tmp_path, batch_size=16, rounds=2, count=None):
         run_task = SerialExecutor.run_task
 
         def counted_task(executor, task, *args, **kwargs):
-            store = executor.trainer.store
+            store = executor.state.store
             count.host_storages = {store.slot.untyped_storage().data_ptr(), store.active.untyped_storage().data_ptr()}
-            count.active = executor.trainer.current_round == 1 and task.node == 1
+            count.active = executor.state.current_round == 1 and task.node == 1
             try:
                 return run_task(executor, task, *args, **kwargs)
             finally:

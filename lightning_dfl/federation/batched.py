@@ -57,7 +57,7 @@ from lightning_dfl.federation.plan import RoundPlan
 from lightning_dfl.sparse.masks import zero_inactive_
 
 if TYPE_CHECKING:
-    from lightning_dfl.federation.trainer import FederatedTrainer
+    from lightning_dfl.federation.federation_state import FederationState
 
 __all__ = ["BatchedExecutor", "check_batchable"]
 
@@ -65,13 +65,13 @@ _BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backwar
                 "on_before_optimizer_step")
 
 
-def check_batchable(trainer: FederatedTrainer) -> None:
-    """Raise ``ValueError`` (naming the reason) unless the run can train its clients batched."""
+def check_batchable(algorithm: Any, module: Any, optimizer: Any, precision: Any, callbacks: list[Any]) -> None:
+    """Raise ``ValueError`` (naming the reason) unless a run of ``algorithm`` on the worker ``module`` with this
+    optimizer, precision and callbacks can train its clients batched."""
     from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
     from lightning_dfl.federation.algorithms.base import Algorithm
     from lightning_dfl.module import SparseClassifier
 
-    algorithm, module = trainer.algorithm, trainer.module
     name = type(algorithm).__name__
     for hook in ("local_train", "loss", "optimizer_step"):
         if getattr(type(algorithm), hook) is not getattr(Algorithm, hook):
@@ -99,13 +99,13 @@ def check_batchable(trainer: FederatedTrainer) -> None:
     if others:
         raise ValueError(f"batched_clients: the model has buffers ({', '.join(others)}); only BatchNorm's "
                          "running statistics are batched")
-    if trainer.precision not in (None, "32-true", "32", 32, "64-true", "64", 64):
-        raise ValueError(f"batched_clients: precision {trainer.precision!r}; only 32-true and 64-true are batched")
-    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    if precision not in (None, "32-true", "32", 32, "64-true", "64", 64):
+        raise ValueError(f"batched_clients: precision {precision!r}; only 32-true and 64-true are batched")
+    optimizer = getattr(optimizer, "optimizer", optimizer)
     if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
         raise ValueError(f"batched_clients: the optimizer is {type(optimizer).__name__}; only one-group SGD is batched")
     harmless = (RigL, PQIPruning, PruningTimeVoting)  # their batch hooks do nothing in a federation
-    for callback in trainer.callbacks:
+    for callback in callbacks:
         if isinstance(callback, harmless):
             continue
         hooks = defined_hooks(callback, _BATCH_HOOKS)
@@ -132,8 +132,8 @@ class BatchedExecutor(SerialExecutor):
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
         accounting = accounting if accounting is not None else RoundAccounting(
-            plan.round_idx, observer=getattr(self.trainer, "diag", None))
-        t = self.trainer
+            plan.round_idx, observer=self.state.diag)
+        t = self.state
         reads = self.start_reads(plan)
         for level in plan.levels():
             started = []
@@ -148,7 +148,7 @@ class BatchedExecutor(SerialExecutor):
             losses, weights = self._train_together(started) if started else ([], [])
             for item, loss, trained in zip(started, losses, weights):
                 t.current_client = item.ctx.node
-                self.load({**self.trainer.worker, **trained})
+                self.load({**self.state.worker, **trained})
                 t.module.mask.load_(item.masks, apply=False)
                 t.train_dataloader = item.ctx.train_batches
                 item.record.loss = loss
@@ -170,8 +170,8 @@ class BatchedExecutor(SerialExecutor):
     def _train_together(self, items: list[_Started]) -> tuple[list[Tensor | float], list[dict[str, Tensor]]]:
         """Train ``items`` together; their mean losses and trained weights (parameters and floating
         buffers, by name)."""
-        model = self.trainer.module.model
-        group = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer).param_groups[0]
+        model = self.state.module.model
+        group = getattr(self.state.optimizer, "optimizer", self.state.optimizer).param_groups[0]
         lr, wd, momentum = float(group["lr"]), float(group["weight_decay"]), float(group["momentum"])
         dampening, nesterov = float(group["dampening"]), bool(group["nesterov"])
         names = list(items[0].weights)
@@ -206,7 +206,7 @@ class BatchedExecutor(SerialExecutor):
             index = None if whole else torch.tensor(rows, device=x0.device)
             sub = params if whole else {n: params[n].index_select(0, index) for n in names}
             sub_stats = stats if whole else {n: t.index_select(0, index) for n, t in stats.items()}
-            with self.trainer.fabric.autocast():  # as the serial closure (64-true: float64 by default)
+            with self.state.fabric.autocast():  # as the serial closure (64-true: float64 by default)
                 grads, losses = step_fn(sub, sub_stats, xs, ys, ws)
             weighted = losses.detach().to(accumulator_dtype(losses.device))  # summed on the device, read at round end
             for j, (i, size) in enumerate(zip(rows, sizes)):
@@ -260,7 +260,7 @@ class BatchedExecutor(SerialExecutor):
                             for i in range(len(items))]
 
 
-def batched_executor(trainer: Any) -> BatchedExecutor:
+def batched_executor(state: FederationState) -> BatchedExecutor:
     """The batched executor after :func:`check_batchable`."""
-    check_batchable(trainer)
-    return BatchedExecutor(trainer)
+    check_batchable(state.algorithm, state.module, state.optimizer, state.precision, state.callbacks)
+    return BatchedExecutor(state)

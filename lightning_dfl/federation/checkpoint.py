@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_dfl.federation.checkpoint_io import CheckpointError, compare_identity, read_state, write_state
+from lightning_dfl.federation.federation_state import FederationState
 
 
 def _plain(value: Any) -> Any:
@@ -34,31 +35,31 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-def _identity(trainer: Any) -> dict[str, Any]:
+def _identity(federation: FederationState) -> dict[str, Any]:
     """What must match between the run that saved and the run that resumes: the run's settings and
     the model's and the data's (``model/lr``, ``data/alpha``, ...)."""
-    identity = {"algorithm": repr(trainer.algorithm), "seed": trainer.seed, "rounds": trainer.rounds,
-                "local_epochs": trainer.local_epochs, "local_steps": trainer.local_steps,
-                "num_clients": trainer.num_clients, "eval_every": trainer.eval_every,
-                "checkpoint_every": trainer.checkpoint_every, "precision": _plain(trainer.precision)}
+    identity = {"algorithm": repr(federation.algorithm), "seed": federation.seed, "rounds": federation.rounds,
+                "local_epochs": federation.local_epochs, "local_steps": federation.local_steps,
+                "num_clients": federation.num_clients, "eval_every": federation.eval_every,
+                "checkpoint_every": federation.checkpoint_every, "precision": _plain(federation.precision)}
     derived = {"num_clients", "num_servers", "seed", "base_times"}  # set by Clock.setup from the run
-    identity.update({f"clock/{k}": _plain(v) for k, v in vars(trainer.clock).items()
+    identity.update({f"clock/{k}": _plain(v) for k, v in vars(federation.clock).items()
                      if not k.startswith("_") and k not in derived})
-    identity.update({f"model/{k}": _plain(v) for k, v in dict(trainer.module.hparams).items()})
-    identity.update({f"data/{k}": _plain(v) for k, v in dict(trainer.datamodule.hparams).items()})
+    identity.update({f"model/{k}": _plain(v) for k, v in dict(federation.module.hparams).items()})
+    identity.update({f"data/{k}": _plain(v) for k, v in dict(federation.datamodule.hparams).items()})
     return identity
 
 
-def save_checkpoint(trainer: Any, path: str | os.PathLike) -> Path:
-    """Write the federation's state after round ``trainer.current_round`` to ``path`` atomically."""
+def save_checkpoint(federation: FederationState, path: str | os.PathLike) -> Path:
+    """Write the federation's state after round ``federation.current_round`` to ``path`` atomically."""
     return write_state(path, {
-        "next_round": trainer.current_round + 1,
-        "identity": _identity(trainer),
-        "store": trainer.store.state_dict(),
-        "algorithm": trainer.algorithm.state_dict(),
-        "clock": trainer.clock.state_dict(),
-        "history": trainer.history,
-        "callbacks": {c.state_key: c.state_dict() for c in trainer.callbacks},
+        "next_round": federation.current_round + 1,
+        "identity": _identity(federation),
+        "store": federation.store.state_dict(),
+        "algorithm": federation.algorithm.state_dict(),
+        "clock": federation.clock.state_dict(),
+        "history": federation.history,
+        "callbacks": {c.state_key: c.state_dict() for c in federation.callbacks},
     })
 
 
@@ -129,31 +130,31 @@ def check_finite(state: dict[str, Any], store: Any, path: str | os.PathLike) -> 
     walk(state.get("callbacks"), "the callbacks' state", True)
 
 
-def load_checkpoint(trainer: Any, path: str | os.PathLike, allow: Iterable[str] = ()) -> int:
-    """Restore a set-up trainer from ``path``; return the round to continue with.
+def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow: Iterable[str] = ()) -> int:
+    """Restore a set-up federation from ``path``; return the round to continue with.
 
     ``allow`` names identity keys that may differ from the checkpoint's (see
     :func:`~lightning_dfl.federation.checkpoint_io.compare_identity`); accepted differences are logged.
     """
-    state = read_state(path, map_location=trainer.store.device)
-    identity = _identity(trainer)
+    state = read_state(path, map_location=federation.store.device)
+    identity = _identity(federation)
     changed = compare_identity(state["identity"], identity, allow)
     if changed:
         rank_zero_info("Resuming with changed settings: " + "; ".join(
             f"{k}: checkpoint={state['identity'].get(k)!r} now={identity.get(k)!r}" for k in changed) + (
             " (schedules over the run's length, such as RigL's cosine drop fraction and the pruning rounds, follow "
             "the new rounds from here: the run differs from one started with it)" if "rounds" in changed else ""))
-    check_finite(state, trainer.store, path)
-    trainer.store.load_state_dict(state["store"])
-    trainer.algorithm.load_state_dict(state["algorithm"])
-    trainer.clock.load_state_dict(state["clock"])
-    trainer.history = list(state["history"])
+    check_finite(state, federation.store, path)
+    federation.store.load_state_dict(state["store"])
+    federation.algorithm.load_state_dict(state["algorithm"])
+    federation.clock.load_state_dict(state["clock"])
+    federation.history[:] = list(state["history"])  # in place: the trainer's list too
     saved = state["callbacks"]
     # a callback added on resume may start fresh only if it keeps no state (as Lightning allows)
-    missing = [c.state_key for c in trainer.callbacks if c.state_key not in saved and c.state_dict()]
+    missing = [c.state_key for c in federation.callbacks if c.state_key not in saved and c.state_dict()]
     if missing:
         raise ValueError(f"the checkpoint has no state for callbacks {missing}; it has {sorted(saved)}")
-    for callback in trainer.callbacks:
+    for callback in federation.callbacks:
         if callback.state_key in saved:
             callback.load_state_dict(saved[callback.state_key])
     return int(state["next_round"])

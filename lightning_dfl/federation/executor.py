@@ -9,7 +9,6 @@ will walk the same :meth:`RoundPlan.levels`.
 from __future__ import annotations
 
 import math
-import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,7 +21,7 @@ from lightning_dfl.federation.plan import RoundPlan, StartReads, Task
 from lightning_dfl.transfers import copy_all_
 
 if TYPE_CHECKING:
-    from lightning_dfl.federation.trainer import FederatedTrainer
+    from lightning_dfl.federation.federation_state import FederationState
 
 #: the largest magnitude a published weight may have: a model with a larger one (finite or not) is contained
 #: at its sender. 1e30 leaves a margin of 3e8 to float32's (and bfloat16's) largest value, so that no weighted
@@ -44,43 +43,44 @@ OPTIMIZER_STARTED = "optimizer/started"
 
 
 class SerialExecutor:
-    """Runs every task of a plan in dependency order on the trainer's one worker."""
+    """Runs every task of a plan in dependency order on the federation's one worker (``state``: the
+    :class:`~lightning_dfl.federation.federation_state.FederationState` the trainer built)."""
 
-    def __init__(self, trainer: FederatedTrainer) -> None:
-        self.trainer = weakref.proxy(trainer)  # no reference cycle: a finished trainer (and its store) is freed
+    def __init__(self, state: FederationState) -> None:
+        self.state = state
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
         """Run ``plan`` (exchange ``exchange`` of its round); add to ``accounting`` (records, bytes)."""
         accounting = accounting if accounting is not None else RoundAccounting(
-            plan.round_idx, observer=getattr(self.trainer, "diag", None))
+            plan.round_idx, observer=self.state.diag)
         reads = self.start_reads(plan)
         for level in plan.levels():
             for task in level:
                 self.run_task(task, accounting, evaluate, exchange, reads)
-        self.trainer.current_client = None
+        self.state.current_client = None
         return accounting
 
     def start_reads(self, plan: RoundPlan) -> StartReads | None:
         """The plan's pending reads of start-of-round models, reported to the store as they end
         (``None`` unless the algorithm's :attr:`~Algorithm.reads_only_sources`)."""
-        if not type(self.trainer.algorithm).declares("reads_only_sources"):  # inherited unless a subclass changes behaviour
+        if not type(self.state.algorithm).declares("reads_only_sources"):  # inherited unless a subclass changes behaviour
             return None
-        return StartReads(plan, self.trainer.store.release_start)
+        return StartReads(plan, self.state.store.release_start)
 
     def _context(self, task: Task, exchange: int) -> TaskContext:
-        t = self.trainer
+        t = self.state
         return TaskContext(task=task, round_idx=t.current_round, num_rounds=t.rounds, exchange=exchange,
                            num_clients=t.num_clients,
                            seed=t.seed, module=t.module, optimizer=t.optimizer, store=t.store, fabric=t.fabric,
-                           local_epochs=t.local_epochs, local_steps=t.local_steps, call=t._call,
+                           local_epochs=t.local_epochs, local_steps=t.local_steps, call=t.call,
                            test_batches=lambda: t.test_batches(task.node), worker=t.worker,
                            draw_train_batches=t.train_batches)
 
     @torch.no_grad()
     def load(self, weights: dict[str, Tensor]) -> None:
         """Copy ``weights`` into the worker's floating parameters and buffers (from a pinned store, overlapping)."""
-        copy_all_((tensor, weights[name]) for name, tensor in self.trainer.worker.items())
+        copy_all_((tensor, weights[name]) for name, tensor in self.state.worker.items())
 
     def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0,
                  reads: StartReads | None = None) -> None:
@@ -91,7 +91,7 @@ class SerialExecutor:
             reads.started(task)
         if started is not None:
             ctx, record = started
-            record.loss = self.trainer.algorithm.local_train(ctx)
+            record.loss = self.state.algorithm.local_train(ctx)
             self.finish_task(ctx, record, accounting, evaluate)
         if reads is not None:
             reads.finished(task)
@@ -100,7 +100,7 @@ class SerialExecutor:
                    exchange: int = 0) -> tuple[TaskContext, ClientRecord] | None:
         """Everything before local training: messages, the server step (then done: ``None``) or the
         aggregation, the "aggregated" evaluation, the batches and the optimizer's set-up."""
-        t, algorithm = self.trainer, self.trainer.algorithm
+        t, algorithm = self.state, self.state.algorithm
         store, module, node = t.store, t.module, task.node
         ctx = self._context(task, exchange)
         messages = []
@@ -116,7 +116,7 @@ class SerialExecutor:
         module.mask.load_(store.mask(node), apply=False)
         own, _ = store.published(node)
         self.load(own)
-        t._call("on_client_before_aggregation", node)
+        t.call("on_client_before_aggregation", node)
         aggregated = algorithm.aggregate(ctx, messages)
         if aggregated is not None:
             self.load(aggregated)
@@ -137,8 +137,8 @@ class SerialExecutor:
                     evaluate: bool) -> None:
         """Everything after local training (``record.loss`` set, the worker trained): fault
         containment, the callbacks' pruning and mask search, the "trained" evaluation, publishing."""
-        t, algorithm, store, module, node = self.trainer, self.trainer.algorithm, self.trainer.store, \
-            self.trainer.module, ctx.node
+        t, algorithm, store, module, node = self.state, self.state.algorithm, self.state.store, \
+            self.state.module, ctx.node
         batches = ctx.train_batches
         record.train_samples = batches.samples
         record.flops = record.train_samples * record.flops
@@ -147,7 +147,7 @@ class SerialExecutor:
             self._contain(ctx, record, accounting, evaluate)
             return
         self._save_optimizer_state(ctx)
-        t._call("on_client_train_end", node)
+        t.call("on_client_train_end", node)
         if self._changes_after_training() and not self._finite():  # a callback's change (e.g. pruning)
             self._contain(ctx, record, accounting, evaluate)
             return
@@ -155,7 +155,7 @@ class SerialExecutor:
             record.acc_trained = algorithm.evaluate(ctx, "trained")
         store.publish(node, t.worker, module.mask.masks, algorithm.publish_fields(ctx))
         search_from = batches.samples
-        t._call("on_client_end", node)
+        t.call("on_client_end", node)
         store.set_mask(node, module.mask.masks)
         record.search_samples = batches.samples - search_from
         # the regrowth score is a dense gradient: its batches cost dense FLOPs
@@ -172,20 +172,20 @@ class SerialExecutor:
         would make its receivers' aggregates overflow: it is contained here, at its sender."""
         if loss is not None and not isinstance(loss, Tensor) and not math.isfinite(loss):
             return False
-        checks = [_within_bound(t) for t in self.trainer.worker.values() if t.numel()]  # the worker: floating only
+        checks = [_within_bound(t) for t in self.state.worker.values() if t.numel()]  # the worker: floating only
         if isinstance(loss, Tensor):
             checks.append(torch.isfinite(loss))
         return bool(torch.stack(checks).all()) if checks else True
 
     def _changes_after_training(self) -> bool:
         """Whether a callback may change the trained worker before it is published (``on_client_train_end``)."""
-        return any(defined_hooks(c, ("on_client_train_end",)) for c in self.trainer.callbacks)
+        return any(defined_hooks(c, ("on_client_train_end",)) for c in self.state.callbacks)
 
     def _contain(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting, evaluate: bool) -> None:
         """A non-finite (or too large: :data:`PUBLISH_BOUND`) update is discarded: the node publishes its start-of-round model with its mask,
         keeps its next mask and its kept optimizer state, and the record says so; no neighbour ever
         receives a non-finite value."""
-        t, node = self.trainer, ctx.node
+        t, node = self.state, ctx.node
         own, own_mask = t.store.published(node)
         self.load(own)
         t.module.mask.load_(t.store.mask(node), apply=False)
@@ -199,12 +199,12 @@ class SerialExecutor:
     # -- optimizer state kept per client -------------------------------------------------
     def _optimizer_entries(self, ctx: TaskContext) -> list[tuple[str, Tensor]]:
         """(store name, parameter) of every worker parameter the optimizer updates."""
-        by_id = {id(p): name for name, p in self.trainer.module.model.named_parameters()}
+        by_id = {id(p): name for name, p in self.state.module.model.named_parameters()}
         return [(by_id[id(p)], p) for group in ctx.optimizer.param_groups for p in group["params"] if id(p) in by_id]
 
     @torch.no_grad()
     def _restore_optimizer_state(self, ctx: TaskContext) -> None:
-        keys = self.trainer.algorithm.keep_optimizer_state
+        keys = self.state.algorithm.keep_optimizer_state
         if not keys:
             return
         state = ctx.optimizer.state
@@ -218,7 +218,7 @@ class SerialExecutor:
 
     @torch.no_grad()
     def _save_optimizer_state(self, ctx: TaskContext) -> None:
-        keys = self.trainer.algorithm.keep_optimizer_state
+        keys = self.state.algorithm.keep_optimizer_state
         if not keys:
             return
         entries = self._optimizer_entries(ctx)

@@ -41,7 +41,7 @@ from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.plan import RoundPlan
 
 if TYPE_CHECKING:
-    from lightning_dfl.federation.trainer import FederatedTrainer
+    from lightning_dfl.federation.federation_state import FederationState
 
 __all__ = ["SHARD_PROTOCOL", "ShardedExecutor", "check_shardable"]
 
@@ -96,15 +96,15 @@ class _LoggedAccounting(RoundAccounting):
 class ShardedExecutor(SerialExecutor):
     """Runs a plan level by level with each level's tasks spread over the Fabric processes."""
 
-    def __init__(self, trainer: FederatedTrainer) -> None:
-        super().__init__(trainer)
-        fabric = trainer.fabric
+    def __init__(self, state: FederationState) -> None:
+        super().__init__(state)
+        fabric = state.fabric
         self.rank, self.world_size = fabric.global_rank, fabric.world_size
         # a gloo group carries the CPU store and the pickled deltas whatever the accelerator's backend
         self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
     def _stateful(self) -> list[Any]:
-        t = self.trainer
+        t = self.state
         return [obj for obj in (t.algorithm, *t.callbacks) if _speaks_protocol(obj)]
 
     def owner(self, position: int) -> int:
@@ -114,7 +114,7 @@ class ShardedExecutor(SerialExecutor):
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
         accounting = accounting if accounting is not None else RoundAccounting(
-            plan.round_idx, observer=getattr(self.trainer, "diag", None))
+            plan.round_idx, observer=self.state.diag)
         mine = _LoggedAccounting(plan.round_idx, observer=accounting.observer)  # its own told in its tasks
         stateful = self._stateful()
         reads = self.start_reads(plan)
@@ -139,7 +139,7 @@ class ShardedExecutor(SerialExecutor):
             for position in range(len(level)):
                 for obj, delta in zip(stateful, gathered[self.owner(position)][position]):
                     obj.shard_apply(delta)
-        self.trainer.current_client = None
+        self.state.current_client = None
         shares: list[Any] = [None] * self.world_size
         mine.read_device_values()  # numbers, not device tensors, travel between processes
         dist.all_gather_object(shares, (mine.records, mine.log), group=self.group)
@@ -152,7 +152,7 @@ class ShardedExecutor(SerialExecutor):
     @torch.no_grad()
     def _sync_store(self, nodes: list[int]) -> None:
         """Every task's owner broadcasts what the task wrote to the store, packed by dtype."""
-        store = self.trainer.store
+        store = self.state.store
         for position, node in enumerate(nodes):
             owner = self.owner(position)
             views = store.task_views(node)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from lightning_dfl.errors import RunDiverged, mark_in_round
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
-from lightning_dfl.federation.batched import batched_executor
+from lightning_dfl.federation.batched import batched_executor, check_batchable
 from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from lightning_dfl.federation.checkpoint_io import check_file
 from lightning_dfl.federation.clock import Clock
@@ -42,6 +42,7 @@ from lightning_dfl.federation.context import CountingBatches, EvaluationContext,
 from lightning_dfl.federation.diagnostics import AUTO_MAX_K, RunDiagnostics, check_diagnostics, personal_spread
 from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED, SerialExecutor
+from lightning_dfl.federation.federation_state import FederationState, HookDispatch
 from lightning_dfl.federation.interrupts import Interrupted, resume_command, stop_requests
 from lightning_dfl.federation.kernels import (
     apply_matmul_precision,
@@ -236,16 +237,32 @@ class FederatedTrainer:
         self.fabric = Fabric(**self._fabric_kwargs)  # validates accelerator and precision now; rebuilt in fit
         self.callbacks = self._merge_callbacks(callbacks)
         self.logger = build_logger(logger, default_root_dir, self.algorithm.name)
-        self.current_round = 0
-        self.current_client: int | None = None
-        self.train_dataloader: CountingBatches | None = None
         self.history: list[dict[str, float]] = []
         self.summary: RunSummary | None = None
         self.store: ClientStore | None = None
-        self.executor = SerialExecutor(self)
+        #: the engine's record of the federation (built by ``fit``'s set-up)
+        self.state: FederationState | None = None
+        #: ``state -> executor``; ``None``: the serial one (or the sharded / batched one the settings ask for)
+        self.executor_factory: Callable[[FederationState], SerialExecutor] | None = None
+        self.executor: SerialExecutor | None = None
         self._extra_metrics: dict[str, float] = {}
 
     # -- properties Lightning callbacks look for ----------------------------------------
+    @property
+    def current_round(self) -> int:
+        """The round running (or the last one run); 0 before the first."""
+        return self.state.current_round if self.state is not None else 0
+
+    @property
+    def current_client(self) -> int | None:
+        """The client whose task is running (``None`` between tasks)."""
+        return self.state.current_client if self.state is not None else None
+
+    @property
+    def train_dataloader(self) -> CountingBatches | None:
+        """The running task's training batches."""
+        return self.state.train_dataloader if self.state is not None else None
+
     @property
     def max_rounds(self) -> int:
         """T, the total rounds (the name Lightning callbacks look for)."""
@@ -279,7 +296,7 @@ class FederatedTrainer:
 
     def evaluates(self, round_idx: int) -> bool:
         """Whether ``round_idx`` is an evaluated round: every ``eval_every``-th, and the last."""
-        return (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
+        return FederationState.evaluates(self, round_idx)  # type: ignore[arg-type]
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics to the current round's row (callbacks use this)."""
@@ -296,10 +313,7 @@ class FederatedTrainer:
         return merged + [c for c in user if not any(c is m for m in merged)]
 
     def _call(self, hook: str, *args: Any) -> None:
-        for callback in self.callbacks:
-            fn = getattr(callback, hook, None)
-            if callable(fn):
-                fn(self, self.module, *args)
+        self.state.call(hook, *args)
 
     # -- setup --------------------------------------------------------------------------
     def _setup(self, model: SparseClassifier, datamodule: FederatedDataModule) -> None:
@@ -323,7 +337,6 @@ class FederatedTrainer:
         if self.fabric.world_size > 1:  # clients sharded across processes
             check_shardable(self.algorithm, self.callbacks)
             self.fabric.launch()
-            self.executor = ShardedExecutor(self)
             if not self.is_global_zero:
                 self.logger = None  # process 0 writes the run folder
         self.fabric.seed_everything(self.seed, verbose=False)
@@ -336,8 +349,8 @@ class FederatedTrainer:
         apply_matmul_precision(self.matmul_precision, self.fabric.device)
         model.mask.to(self.fabric.device)
         self.optimizer = self.fabric.setup_optimizers(self.algorithm.make_optimizer(model))
-        if self.batched_clients:
-            self.executor = batched_executor(self)
+        if self.batched_clients:  # refused before the store is allocated
+            check_batchable(self.algorithm, model, self.optimizer, self.precision, self.callbacks)
         # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
         plugin = self.fabric.strategy.precision
         self.convert_input = input_converter(None if isinstance(plugin, MixedPrecision) else plugin.convert_input,
@@ -359,21 +372,37 @@ class FederatedTrainer:
         for node, mask in enumerate(self._initial_masks(model, num_clients, num_nodes)):
             self.store.initialize(node, self.worker, mask)
         self.sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
-        self.algorithm.init_state(self.store, num_clients)
-        for callback in self.callbacks:
-            callback.setup(self, model, "fit")
-        self.reporter = RoundReporter(self.logger, self.is_global_zero)
         self.diag = None
         if self.diagnostics is True or (self.diagnostics == "auto" and num_clients <= AUTO_MAX_K):
             parameters = [n for n, _ in model.model.named_parameters()]
             self.diag = RunDiagnostics(num_clients, num_nodes, self.rounds, self.seed, self.diag_every, parameters,
                                        self.log_dir if self.is_global_zero else None)
+        self.state = FederationState(
+            algorithm=self.algorithm, callbacks=self.callbacks, call=HookDispatch(self, self.callbacks, model),
+            module=model, optimizer=self.optimizer, fabric=self.fabric, datamodule=datamodule, store=self.store,
+            clock=self.clock, worker=self.worker, seed=self.seed, rounds=self.rounds, num_clients=num_clients,
+            local_epochs=self.local_epochs, local_steps=self.local_steps, eval_every=self.eval_every,
+            checkpoint_every=self.checkpoint_every, precision=self.precision, convert_input=self.convert_input,
+            diag=self.diag, history=self.history)
+        self.executor = self._make_executor(self.state)
+        self.algorithm.init_state(self.store, num_clients)
+        for callback in self.callbacks:
+            callback.setup(self, model, "fit")
+        self.reporter = RoundReporter(self.logger, self.is_global_zero)
         if self.logger is not None:
             self.logger.log_hyperparams({
                 "algorithm": repr(self.algorithm), "rounds": self.rounds, "local_epochs": self.local_epochs,
                 "seed": self.seed, "num_clients": num_clients, **dict(model.hparams),
                 **{f"data/{k}": v for k, v in datamodule.hparams.items()},
             })
+
+    def _make_executor(self, state: FederationState) -> SerialExecutor:
+        """The executor the settings ask for: ``executor_factory``'s, sharded (processes), batched, or serial."""
+        if self.executor_factory is not None:
+            return self.executor_factory(state)
+        if self.fabric.world_size > 1:
+            return ShardedExecutor(state)
+        return batched_executor(state) if self.batched_clients else SerialExecutor(state)
 
     def _initial_masks(self, model: SparseClassifier, num_clients: int, num_nodes: int) -> Iterator[Masks]:
         """Every node's initial mask in node order: a client's own random one (seeded by its index) with
@@ -421,7 +450,7 @@ class FederatedTrainer:
         if ckpt_path is not None:
             check_file(ckpt_path)  # a missing or damaged file fails before any set-up
         self._setup(model, datamodule)
-        first_round = load_checkpoint(self, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
+        first_round = load_checkpoint(self.state, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
         if first_round:
             self.reporter.replay(self.history, Path(ckpt_path).parent.parent)
         if self.diag is not None:
@@ -443,7 +472,7 @@ class FederatedTrainer:
                 if stop.requested or (self.checkpoint_every and ((round_idx + 1) % self.checkpoint_every == 0
                                                                  or round_idx == self.rounds - 1)):
                     if self.is_global_zero:  # every process holds the same state
-                        save_checkpoint(self, self.checkpoint_path)
+                        save_checkpoint(self.state, self.checkpoint_path)
                 advance(metrics)
                 if stop.requested and round_idx < self.rounds - 1:
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx}")
@@ -514,7 +543,7 @@ class FederatedTrainer:
     def run_round(self, round_idx: int) -> dict[str, float]:
         """Plan and run one round (its ``exchanges_per_round`` exchanges); log and return its metrics."""
         wall = time.perf_counter()
-        self.current_round = round_idx
+        self.state.current_round = round_idx
         self._extra_metrics = {}
         durations = self.clock.compute_times(round_idx)  # one draw per round: planning and timing share it
         ctx, plan, stragglers = self._plan_first_exchange(round_idx, durations)
@@ -573,19 +602,12 @@ class FederatedTrainer:
                                  seed=self.seed, evaluates=evaluates, store=self.store, module=self.module,
                                  optimizer=self.optimizer, fabric=self.fabric, local_epochs=self.local_epochs,
                                  local_steps=self.local_steps, worker=self.worker, load_weights=self.executor.load,
-                                 test_batches=self.test_batches, draw_train_batches=self.train_batches,
+                                 test_batches=self.state.test_batches, draw_train_batches=self.state.train_batches,
                                  shared_model=self.shared_model)
-
-    def train_batches(self, client: int, generator: torch.Generator) -> CountingBatches:
-        """The client's training batches drawn with ``generator``, on the worker's device, in the precision's
-        input dtype."""
-        return CountingBatches(self.datamodule.client_train_batches(client, generator, device=self.fabric.device),
-                               self.convert_input)
 
     def test_batches(self, client: int) -> CountingBatches:
         """The client's test batches on the worker's device, in the precision's input dtype."""
-        return CountingBatches(self.datamodule.client_test_batches(client, device=self.fabric.device),
-                               self.convert_input)
+        return self.state.test_batches(client)
 
     def shared_model(self) -> tuple[dict[str, Tensor], dict[str, Tensor]] | None:
         """The algorithm's shared model (the average of its :meth:`~Algorithm.consensus_sources`) and the
@@ -605,12 +627,5 @@ class FederatedTrainer:
         self.module.mask.load_(mask, apply=False)
         self.executor.load(average)
         if self.algorithm.headline == "global":
-            return global_test_metrics(self.module, self.fabric, self.global_test_batches())
-        return shared_model_metrics(self.module, self.fabric, self.num_clients, self.test_batches)
-
-    def global_test_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """The official test split, normalised, on the worker's device in the precision's input dtype."""
-        device = self.fabric.device
-        for x, y in self.datamodule.test_dataloader():
-            batch = (x.to(device), y.to(device))
-            yield self.convert_input(batch) if self.convert_input is not None else batch
+            return global_test_metrics(self.module, self.fabric, self.state.global_test_batches())
+        return shared_model_metrics(self.module, self.fabric, self.num_clients, self.state.test_batches)

@@ -1,0 +1,101 @@
+"""``FederationState``: the engine's record of one federation, built once when ``fit`` sets up.
+
+What the executors (serial, sharded, batched), the evaluation context and the checkpoints read: the
+algorithm and the callbacks with their hook dispatch, the worker (module, optimizer, Fabric and the
+worker's floating tensors), the data, the client store, the clock, the run's sizes, seed and
+settings. The few values that change while a round runs live here too, written in one place each:
+the round (the trainer's loop), the client in training and its batches (the executor), the metrics
+history (the trainer; a checkpoint restores it). The trainer builds the record and runs the loop over
+it; nothing below the trainer imports the trainer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_dfl.federation.clock import Clock
+from lightning_dfl.federation.context import CountingBatches
+from lightning_dfl.federation.state import ClientStore
+
+__all__ = ["FederationState", "HookDispatch"]
+
+
+class HookDispatch:
+    """``dispatch(hook, *args)`` runs ``hook(owner, module, *args)`` on every callback that defines it, as
+    Lightning calls its callbacks (with the trainer first). It holds its owner weakly: the record that
+    keeps it does not keep a finished trainer, and its store, alive."""
+
+    def __init__(self, owner: Any, callbacks: list[Any], module: Any) -> None:
+        self._owner = weakref.ref(owner)
+        self.callbacks, self.module = callbacks, module
+
+    def __call__(self, hook: str, *args: Any) -> None:
+        owner = self._owner()
+        for callback in self.callbacks:
+            fn = getattr(callback, hook, None)
+            if callable(fn):
+                fn(owner, self.module, *args)
+
+
+@dataclass(eq=False)
+class FederationState:
+    """One federation's engine record (see the module docstring)."""
+
+    algorithm: Any
+    callbacks: list[Any]
+    #: ``call(hook, *args)``: the callbacks' hook dispatch (:class:`HookDispatch`)
+    call: Callable[..., None]
+    module: Any
+    optimizer: Any
+    fabric: Any
+    datamodule: Any
+    store: ClientStore
+    clock: Clock
+    #: the worker's floating parameters and buffers by the store's names (what a task loads and publishes)
+    worker: dict[str, Tensor]
+    seed: int
+    rounds: int
+    num_clients: int
+    local_epochs: int
+    local_steps: int | None
+    eval_every: int
+    checkpoint_every: int
+    precision: Any
+    #: the precision's (and memory format's) conversion of a batch, or ``None``
+    convert_input: Callable[[Any], Any] | None
+    #: the run's diagnostics (they hear every transfer), or ``None``
+    diag: Any = None
+    history: list[dict[str, float]] = field(default_factory=list)
+    current_round: int = 0
+    #: the client whose task is running (``None`` between tasks)
+    current_client: int | None = None
+    #: the running task's training batches (Lightning callbacks look for ``train_dataloader``)
+    train_dataloader: CountingBatches | None = None
+
+    def evaluates(self, round_idx: int) -> bool:
+        """Whether ``round_idx`` is an evaluated round: every ``eval_every``-th, and the last."""
+        return (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
+
+    def train_batches(self, client: int, generator: torch.Generator) -> CountingBatches:
+        """The client's training batches drawn with ``generator``, on the worker's device, in the precision's
+        input dtype."""
+        return CountingBatches(self.datamodule.client_train_batches(client, generator, device=self.fabric.device),
+                               self.convert_input)
+
+    def test_batches(self, client: int) -> CountingBatches:
+        """The client's test batches on the worker's device, in the precision's input dtype."""
+        return CountingBatches(self.datamodule.client_test_batches(client, device=self.fabric.device),
+                               self.convert_input)
+
+    def global_test_batches(self) -> Iterable[tuple[Tensor, Tensor]]:
+        """The official test split, normalised, on the worker's device in the precision's input dtype."""
+        device = self.fabric.device
+        for x, y in self.datamodule.test_dataloader():
+            batch = (x.to(device), y.to(device))
+            yield self.convert_input(batch) if self.convert_input is not None else batch
