@@ -8,9 +8,9 @@ import pytest
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DADPFL, RoundContext
 from lightning_dfl.federation.clock import Clock
+from lightning_dfl.federation.dynamic_aggregation import simulate_round
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
-from lightning_dfl.scheduling import simulate_round
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
 

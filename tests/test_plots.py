@@ -11,13 +11,13 @@ Image = pytest.importorskip("PIL.Image")
 import lightning_dfl.plots as plots  # noqa: E402
 from lightning_dfl.cli import main  # noqa: E402
 from lightning_dfl.cost import CostCurve  # noqa: E402
+from lightning_dfl.federation.dynamic_aggregation import schedule_table  # noqa: E402
 from lightning_dfl.plots import (  # noqa: E402
     check_plot_path,
     plot_cost_curves,
     plot_curves,
     plot_schedule,
 )
-from lightning_dfl.scheduling import schedule_table  # noqa: E402
 
 # CSVLogger layout: one row per logging call, empty cells for what that call did not log.
 # acc/* is logged at evaluation rounds (0 and 2) only, the rest every round.

@@ -5,7 +5,12 @@ import math
 import numpy as np
 import pytest
 
-from lightning_dfl.scheduling import optimal_parallel_width, psfl_constants, psfl_objective, training_structure
+from lightning_dfl.federation.algorithms.psfl_structure import (
+    optimal_parallel_width,
+    psfl_constants,
+    psfl_objective,
+    training_structure,
+)
 
 # psfl-notes errata 4: the constants that reproduce Table I's W column.
 TABLE_I = dict(sigma2=1.0, B=0.4255, t_mean=2.5, kappa2=1.0, c0=0.1)

@@ -7,20 +7,16 @@ import numpy as np
 import pytest
 
 from lightning_dfl.federation.clock import Clock
-from lightning_dfl.scheduling import (
-    PruningSchedule,
-    detection_score,
-    first_pruning_round,
+from lightning_dfl.federation.dynamic_aggregation import (
     format_schedule_table,
-    pruning_rounds,
     random_rounds,
     reuse_dependencies,
     schedule_table,
     simulate_dynamic_aggregation,
     simulate_round,
     simulate_rounds,
-    vote,
 )
+from lightning_dfl.pruning_time import PruningSchedule, detection_score, first_pruning_round, pruning_rounds, vote
 
 # --- Eq. 6: pruning rounds ---------------------------------------------------------------------
 
@@ -329,16 +325,25 @@ def test_pruning_rounds_long_horizons_do_not_overflow():
     assert pruning_rounds(10, 10**6, c=0.5)[-1] == 655351
 
 
-def test_scheduling_sits_below_the_federation():
-    """DESIGN.md's layers: the pure schedules never import the federation (its clock builds on them)."""
+def _imports(module) -> list[str]:
     import ast
     from pathlib import Path
 
-    import lightning_dfl.scheduling as scheduling
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
+    return imported + [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+
+
+def test_the_schedules_sit_in_their_layers():
+    """DESIGN.md's layers: the pruning-time equations import nothing of the package but its checks; the
+    dynamic aggregation and PSFL's structure are pure (no engine module: no store, executor, trainer); the
+    clock times plans by the dynamic aggregation's one finish-time rule."""
+    import lightning_dfl.federation.algorithms.psfl_structure as psfl_structure
+    import lightning_dfl.federation.dynamic_aggregation as dynamic_aggregation
+    import lightning_dfl.pruning_time as pruning_time
     from lightning_dfl.federation import clock
 
-    tree = ast.parse(Path(scheduling.__file__).read_text())
-    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
-    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
-    assert not [m for m in imported if m.startswith("lightning_dfl.federation")], imported
-    assert clock.finish_times is scheduling.finish_times  # one function, re-exported by the clock
+    assert [m for m in _imports(pruning_time) if m.startswith("lightning_dfl")] == ["lightning_dfl.checks"]
+    for module in (dynamic_aggregation, psfl_structure):
+        assert [m for m in _imports(module) if m.startswith("lightning_dfl")] == ["lightning_dfl.checks"], module
+    assert clock.finish_times is dynamic_aggregation.finish_times

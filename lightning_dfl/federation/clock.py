@@ -5,7 +5,7 @@
   ``values``; each round ``t_k^(r) = t_k (1 + noise z)``, ``z ~ N(0, 1)``, floored at ``min_time``.
 * Transfer times: ``latency + bytes / bandwidth`` per message.
 * Schedule (DA-DPFL Sec. IV-B): a task starts once every model it reads has arrived and the tasks
-  it runs after have ended, and lasts its compute time (:func:`lightning_dfl.scheduling.finish_times`,
+  it runs after have ended, and lasts its compute time (:func:`lightning_dfl.federation.dynamic_aggregation.finish_times`,
   the pure layer below the federation, re-exported here).
 
 Every draw has its own stream ``derive_seed(seed, "clock/...", ...)``, so a client's times depend
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.federation.dynamic_aggregation import Arrivals, Durations, finish_times  # noqa: F401 (re-exported)
 from lightning_dfl.federation.plan import RoundPlan
-from lightning_dfl.scheduling import Arrivals, Durations, finish_times  # noqa: F401 (re-exported)
 from lightning_dfl.seeding import derive_seed
 
 DISTRIBUTIONS = ("fixed", "uniform", "exponential", "normal", "discrete")

@@ -9,7 +9,7 @@ sequence (Eq. 4) on the federation's clock. FedAvg (``sequences = N0``, S = 1) a
 
 With ``sequences=None`` the structure is chosen as Alg. 1 does: ``warmup_rounds`` rounds with all
 clients estimate sigma^2, B, tbar and kappa^2 (Eq. 24-26), W* solves Eq. 21
-(:func:`~lightning_dfl.scheduling.optimal_parallel_width`), (W, S) follow psfl-notes 8, and
+(:func:`~lightning_dfl.federation.algorithms.psfl_structure.optimal_parallel_width`), (W, S) follow psfl-notes 8, and
 training restarts from x^0 (Alg. 1 line 13). Clients are drawn by a sampler of
 :mod:`lightning_dfl.sampling` from running-mean time estimates (notes 13-14).
 """
@@ -24,10 +24,10 @@ from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext, average_messages
+from lightning_dfl.federation.algorithms.psfl_structure import optimal_parallel_width, training_structure
 from lightning_dfl.federation.messages import Message
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.sampling import SAMPLERS, build_sampler
-from lightning_dfl.scheduling import optimal_parallel_width, training_structure
 
 KAPPA2_ESTIMATORS = ("mean", "max")
 

@@ -1,40 +1,29 @@
-"""DA-DPFL's schedules: when to prune (Eq. 4-6) and who waits for whom (Sec. IV-B).
+"""DA-DPFL's dynamic aggregation in simulated time (Sec. IV-B, Alg. 1 lines 6-14): who waits for whom,
+when each task starts and ends, and the Monte Carlo of the waits.
 
-Pure computation (numpy and the standard library; below the federation, which it never imports:
-its clock, ``lightning_dfl.federation.clock``, builds on :func:`finish_times` and is passed in as a
-:class:`ComputeTimes`): the federation's planner and the voting and pruning callbacks call these
-functions; the CLI prints :func:`format_schedule_table`.
+One random reuse permutation per round orders all clients; client k's *prior* neighbours are those
+with a smaller reuse index; k waits for the ``N`` prior neighbours that finish earliest (all of them
+when it has fewer than ``N``) and starts when the last of those finishes. Prior neighbours come
+earlier in reuse order, so processing clients in reuse order is a valid topological order.
 
-Pruning time (papers' errata applied):
-
-* detection score, Eq. 4: ``|Delta_t - Delta_(t-1)| / |Delta_1|`` with ``Delta_t = ||w^t - w^0||^2``;
-* vote, Eq. 5: 1 ("stable") when the score is below ``delta_pr``;
-* first pruning time: ``t* = min{t : mean vote >= delta_v}``;
-* pruning rounds, Eq. 6: ``t_1 = max(t* + b, t* + 1)``, ``t_p = t_(p-1) + I_p`` with
-  ``I_p = ceil((t* + b) / c^(p-1))`` (never below 1), while ``t_p < T``.
-
-Dynamic aggregation (Alg. 1 lines 6-14): one random reuse permutation per round orders all
-clients; client k's *prior* neighbours are those with a smaller reuse index; k waits for the
-``N`` prior neighbours that finish earliest (all of them when it has fewer than ``N``) and
-starts when the last of those finishes. Prior neighbours come earlier in reuse order, so
-processing clients in reuse order is a valid topological order.
-
-PSFL's training structure (Sec. V-B, with ``../shared/papers/psfl-notes.md``'s errata): the
-constants of Eq. 8 (:func:`psfl_constants`), the objective of Eq. 21 (:func:`psfl_objective`), its
-global minimiser ``W*`` (:func:`optimal_parallel_width`) and the integer ``(W, S)``
-(:func:`training_structure`).
+:func:`finish_times` is the rule every plan is timed by (the federation's clock,
+:mod:`lightning_dfl.federation.clock`, builds on it); DA-DPFL's planner calls
+:func:`reuse_dependencies`; the CLI prints :func:`format_schedule_table`. Pure computation (numpy and
+the standard library); a clock is passed in as a :class:`ComputeTimes`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.checks import check_int
+
+__all__ = ["Arrivals", "ComputeTimes", "Durations", "RoundSchedule", "SchedulingStats", "finish_times", "format_schedule_table", "random_rounds", "reuse_dependencies", "schedule_table", "simulate_dynamic_aggregation", "simulate_round", "simulate_rounds"]
 
 # ---------------------------------------------------------------------------------------------
 # Simulated time: when each task starts and ends (the federation's clock builds on it)
@@ -66,114 +55,6 @@ def finish_times(order: Iterable[int], arrivals: Arrivals, durations: Durations)
         finish[node] = start + durations[node]
         times[node] = (start, finish[node])
     return times
-
-
-# ---------------------------------------------------------------------------------------------
-# When to prune: Eq. 4-6
-# ---------------------------------------------------------------------------------------------
-
-_CEIL_EPS = 1e-9  # ceil() slack for ratios that are integers in exact arithmetic
-
-
-def pruning_rounds(t_star: int, total_rounds: int, b: float = 0.0, c: float = 1.3) -> list[int]:
-    """The pruning rounds ``T`` of Eq. 6, as the papers' errata fixes them.
-
-    ``t_1 = max(ceil(t* + b), t* + 1)`` (``t*`` is known only when round ``t*`` ends), then
-    ``t_p = t_(p-1) + I_p`` with ``I_p = max(ceil((t* + b) / c^(p-1)), 1)``, for as long as
-    ``t_p < total_rounds``. With ``c > 1`` the gaps shrink, so late rounds may prune every round.
-
-    Example: ``pruning_rounds(10, 50)`` is ``[11, 19, 25, 30, 34, 37, 40, 42, 44, 45, 46, 47, 48, 49]``.
-    """
-    check_int("t_star", t_star, 0)
-    check_int("total_rounds", total_rounds, 1)
-    if not (math.isfinite(b) and b >= 0):
-        raise ValueError(f"b (delay of the first pruning round) must be >= 0, got {b!r}")
-    if not (math.isfinite(c) and c > 0):
-        raise ValueError(f"c (pruning frequency scale) must be > 0, got {c!r}")
-    base = t_star + b
-    rounds: list[int] = []
-    t = max(math.ceil(base - _CEIL_EPS), t_star + 1)
-    p = 1
-    while t < total_rounds:
-        rounds.append(t)
-        p += 1
-        try:
-            scale = c ** (p - 1)
-        except OverflowError:  # c > 1 over thousands of events: the gap is 0, floored to 1
-            scale = math.inf
-        if base == 0:
-            gap = 0.0
-        elif scale == 0.0:  # c < 1 underflowed: the gap is beyond any horizon
-            break
-        else:
-            gap = base / scale
-        t += max(math.ceil(gap - _CEIL_EPS), 1)
-    return rounds
-
-
-@dataclass(frozen=True)
-class PruningSchedule:
-    """The pruning rounds of Eq. 6 for a known ``t*``; ``round in schedule`` tests membership."""
-
-    t_star: int
-    total_rounds: int
-    b: float = 0.0
-    c: float = 1.3
-    rounds: tuple[int, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rounds", tuple(pruning_rounds(self.t_star, self.total_rounds,
-                                                                self.b, self.c)))
-
-    def __contains__(self, round_index: object) -> bool:
-        return round_index in self.rounds
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.rounds)
-
-    def __len__(self) -> int:
-        return len(self.rounds)
-
-
-def detection_score(delta_t: float, delta_prev: float, delta_first: float) -> float:
-    """Eq. 4: ``|Delta_t - Delta_(t-1)| / |Delta_1|``, each ``Delta = ||w - w^0||^2``.
-
-    When ``Delta_1`` is 0 the score is 0 if nothing changed either, else ``inf`` (not stable).
-    A NaN input gives NaN, which :func:`vote` counts as "not stable".
-    """
-    for name, value in (("delta_t", delta_t), ("delta_prev", delta_prev), ("delta_first", delta_first)):
-        if value < 0:
-            raise ValueError(f"{name} is a squared distance and must be >= 0, got {value!r}")
-    numerator = abs(delta_t - delta_prev)
-    denominator = abs(delta_first)
-    if denominator == 0:
-        if numerator == 0:
-            return 0.0
-        return math.nan if math.isnan(numerator) else math.inf
-    return numerator / denominator
-
-
-def vote(score: float, delta_pr: float) -> int:
-    """Eq. 5: 1 ("stable") when ``score < delta_pr``, else 0 (also for a NaN score)."""
-    if not (math.isfinite(delta_pr) and delta_pr > 0):
-        raise ValueError(f"delta_pr (pruning threshold) must be > 0, got {delta_pr!r}")
-    return 1 if score < delta_pr else 0
-
-
-def first_pruning_round(vote_shares: Sequence[float], delta_v: float, first_round: int = 1) -> int | None:
-    """``t* = min{t : share_t >= delta_v}`` (errata: ">=", a vote of 1 means stable).
-
-    ``vote_shares[i]`` is the mean vote of round ``first_round + i``; returns that round, or
-    None when no round reaches ``delta_v``.
-    """
-    if not (math.isfinite(delta_v) and 0 <= delta_v <= 1):
-        raise ValueError(f"delta_v (voting threshold) must lie in [0, 1], got {delta_v!r}")
-    for i, share in enumerate(vote_shares):
-        if not 0 <= share <= 1:
-            raise ValueError(f"vote share of round {first_round + i} must lie in [0, 1], got {share!r}")
-        if share >= delta_v:
-            return first_round + i
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,145 +342,3 @@ def format_schedule_table(rows: Sequence[SchedulingStats]) -> str:
         out.insert(0, f"K = {s.num_clients} clients, {s.rounds} rounds, seed {s.seed}; "
                       f"delay = latest start time per round in task units")
     return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# PSFL's optimal training structure: Eq. 8, Eq. 21, psfl-notes errata 1-4 and decision 8
-# ---------------------------------------------------------------------------------------------
-
-_PSFL_GRID_POINTS = 2048  # points of each of the log-spaced and linear grids over [1, N0]
-_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
-_GOLDEN_TOL = 1e-10
-
-
-def _check_real(name: str, value: object, lower: float, *, strict: bool, upper: float | None = None) -> float:
-    """``value`` as a float if it is a finite real above ``lower`` (``>`` when ``strict``) and below ``upper``."""
-    ok = is_number(value) and (value > lower if strict else value >= lower) and (upper is None or value < upper)
-    if not ok:
-        bound = f"{'>' if strict else '>='} {lower}" if upper is None else f"in ({lower}, {upper})"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
-
-
-def psfl_constants(sigma2: float, B: float, n0: int, c0: float) -> tuple[float, float]:
-    """``(alpha, beta)`` of PSFL's convergence bound, Eq. 8 (Theorem 1) as psfl-notes write it.
-
-    ``alpha = [4 c0 (1 + 2 c0) (sigma^2 + B) / (1 - 2 c0^2) + 4 B] / N0`` and ``beta = 4 sigma^2 / N0``,
-    for ``0 < c0 < 1/5``. (The bound's ``b = (16c0^3 - 28c0^2 - 24c0 + 6) / (3 (1 - 2c0^2))`` scales both
-    of its terms alike and does not enter Eq. 21.)
-    """
-    sigma2 = _check_real("sigma2", sigma2, 0.0, strict=False)
-    B = _check_real("B", B, 0.0, strict=False)
-    n0 = check_int("n0", n0, 1)
-    c0 = _check_real("c0", c0, 0.0, strict=True, upper=0.2)
-    alpha = (4.0 * c0 * (1.0 + 2.0 * c0) * (sigma2 + B) / (1.0 - 2.0 * c0 ** 2) + 4.0 * B) / n0
-    beta = 4.0 * sigma2 / n0
-    return alpha, beta
-
-
-def _psfl_j(w: np.ndarray, n0: int, alpha: float, beta: float, t_mean: float, kappa2: float) -> np.ndarray:
-    """Eq. 21 for an array of ``w >= 1`` (no checks)."""
-    log_w = np.log(w)
-    return (alpha * np.sqrt(2.0 * kappa2 * n0 * w * log_w)
-            + beta * (n0 * t_mean / w + np.sqrt(2.0 * kappa2 * n0 * log_w / w)))
-
-
-def _check_psfl(n0: int, sigma2: float, B: float, t_mean: float, kappa2: float,
-                c0: float) -> tuple[int, float, float, float, float]:
-    """Validate Eq. 21's arguments; returns ``(n0, alpha, beta, t_mean, kappa2)``."""
-    alpha, beta = psfl_constants(sigma2, B, n0, c0)
-    t_mean = _check_real("t_mean", t_mean, 0.0, strict=True)
-    kappa2 = _check_real("kappa2", kappa2, 0.0, strict=True)
-    return int(n0), alpha, beta, t_mean, kappa2
-
-
-def psfl_objective(w: float, n0: int, sigma2: float, B: float, t_mean: float, kappa2: float, c0: float) -> float:
-    """``J(W)`` of Eq. 21 (natural log), the full expression (errata 1-2 keep ``sqrt(ln W / W)``)::
-
-        J(W) = alpha sqrt(2 kappa^2 N0 W ln W) + beta (N0 tbar / W + sqrt(2 kappa^2 N0 ln W / W))
-
-    with ``(alpha, beta)`` from :func:`psfl_constants`, ``tbar = t_mean`` the mean client time and
-    ``kappa^2 = kappa2`` the time variance; ``w`` is real in ``[1, n0]``.
-    """
-    n0, alpha, beta, t_mean, kappa2 = _check_psfl(n0, sigma2, B, t_mean, kappa2, c0)
-    w = _check_real("w", w, 1.0, strict=False)
-    if w > n0:
-        raise ValueError(f"w must lie in [1, n0={n0}], got {w!r}")
-    return float(_psfl_j(np.array(w), n0, alpha, beta, t_mean, kappa2))
-
-
-def optimal_parallel_width(n0: int, sigma2: float, B: float, t_mean: float, kappa2: float,
-                           c0: float = 0.1) -> float:
-    """The real ``W*`` in ``[1, n0]`` that minimises Eq. 21's :func:`psfl_objective` globally.
-
-    ``J'(1+) = +inf``, so ``W = 1`` is always a local minimum and an interior local minimum need not
-    be the global one (errata 3): ``J`` is evaluated on a dense grid over ``[1, n0]`` (log-spaced and
-    linear), a golden-section search refines between the best grid point's neighbours, and the
-    result is compared with the best grid point and both end points. Ties go to the smaller ``W``
-    (``sigma2 = B = 0`` makes ``J`` vanish and gives 1). ``W*`` depends only on ``n0``,
-    ``t_mean / sqrt(kappa2)`` and ``alpha / beta``.
-
-    Example: ``optimal_parallel_width(20, 1.0, 0.4255, 2.5, 1.0)`` is ``5.7435...`` (Table I).
-    """
-    n0, alpha, beta, t_mean, kappa2 = _check_psfl(n0, sigma2, B, t_mean, kappa2, c0)
-    if n0 == 1:
-        return 1.0
-
-    def j(w: np.ndarray | float) -> np.ndarray:
-        return _psfl_j(np.asarray(w, dtype=np.float64), n0, alpha, beta, t_mean, kappa2)
-
-    grid = np.unique(np.clip(np.concatenate([np.geomspace(1.0, n0, _PSFL_GRID_POINTS),
-                                             np.linspace(1.0, n0, _PSFL_GRID_POINTS)]), 1.0, n0))
-    values = j(grid)
-    best = int(np.argmin(values))
-    lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
-    # Golden section on [lo, hi]; J is smooth there at the grid's resolution.
-    x1, x2 = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
-    f1, f2 = float(j(x1)), float(j(x2))
-    while hi - lo > _GOLDEN_TOL * max(1.0, abs(lo)):
-        if f1 <= f2:
-            hi, x2, f2 = x2, x1, f1
-            x1 = hi - _GOLDEN * (hi - lo)
-            f1 = float(j(x1))
-        else:
-            lo, x1, f1 = x1, x2, f2
-            x2 = lo + _GOLDEN * (hi - lo)
-            f2 = float(j(x2))
-    refined = (x1, f1) if f1 <= f2 else (x2, f2)
-    candidates = [(1.0, float(values[0])), (float(grid[best]), float(values[best])), refined,
-                  (float(n0), float(values[-1]))]
-    return min(candidates, key=lambda c: (c[1], c[0]))[0]
-
-
-def training_structure(n0: int, w_star: float) -> tuple[int, int]:
-    """The integer structure ``(W, S)`` of psfl-notes decision 8: ``W = clamp(round(W*), 1, N0)``,
-    ``S = floor(N0 / W)``, so ``S W <= N0`` (rounding ``S*`` and ``W*`` apart can exceed it, errata 7).
-
-    Halves round up. Example: ``training_structure(50, 7.0)`` is ``(7, 7)`` (Table I's experiment).
-    """
-    n0 = check_int("n0", n0, 1)
-    w_star = _check_real("w_star", w_star, 0.0, strict=True)
-    width = min(max(math.floor(w_star + 0.5), 1), n0)
-    return width, n0 // width
-
-
-__all__ = [
-    "PruningSchedule",
-    "RoundSchedule",
-    "SchedulingStats",
-    "detection_score",
-    "first_pruning_round",
-    "format_schedule_table",
-    "optimal_parallel_width",
-    "psfl_constants",
-    "psfl_objective",
-    "pruning_rounds",
-    "random_rounds",
-    "reuse_dependencies",
-    "schedule_table",
-    "simulate_dynamic_aggregation",
-    "simulate_round",
-    "simulate_rounds",
-    "training_structure",
-    "vote",
-]
