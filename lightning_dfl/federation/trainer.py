@@ -75,9 +75,10 @@ class FederatedTrainer:
     Args:
         algorithm: the federated algorithm (DisPFL, D-PSGD, Local, FedAvg, ...).
         rounds: communication rounds T.
-        local_epochs: local epochs E per round.
+        local_epochs: local epochs E per round (``None``: 5, or none when ``local_steps`` is set).
         local_steps: if set, each client runs exactly this many optimizer steps per round instead of
-            ``local_epochs`` epochs (PSFL's local work; passes over the data restart as needed).
+            ``local_epochs`` epochs (PSFL's local work; passes over the data restart as needed). Setting
+            both is refused: set the other to ``None``.
         eval_every: evaluate every this many rounds (the last round always).
         accelerator, precision: passed to ``lightning.fabric.Fabric``.
         devices, num_nodes, strategy: more than one process in all (``devices x num_nodes``, strategy
@@ -140,7 +141,7 @@ class FederatedTrainer:
         self,
         algorithm: Algorithm | None = None,
         rounds: int = 100,
-        local_epochs: int = 5,
+        local_epochs: int | None = None,
         local_steps: int | None = None,
         eval_every: int = 1,
         accelerator: str = "auto",
@@ -174,7 +175,10 @@ class FederatedTrainer:
             raise ValueError(f"algorithm must be an Algorithm (DisPFL, DPSGD, Local, FedAvg, ...), "
                              f"got {type(self.algorithm).__name__}")
         check_int("rounds", rounds, 1)
-        check_int("local_epochs", local_epochs, 0)
+        if local_steps is not None and local_epochs is not None:
+            raise ValueError(f"local_steps={local_steps!r} and local_epochs={local_epochs!r} are both set: a round runs "
+                             "either local_steps steps or local_epochs epochs; set the other to None (null)")
+        local_epochs = 5 if local_epochs is None else check_int("local_epochs", local_epochs, 0)
         if local_steps is not None:
             check_int("local_steps (None: local_epochs epochs)", local_steps, 1)
         check_int("eval_every", eval_every, 1)
@@ -331,6 +335,7 @@ class FederatedTrainer:
             self.fabric.strategy.precision.convert_module(model).to(self.fabric.device)
         else:
             self.fabric.setup_module(model)  # device placement and the precision's dtype
+        model.check_optimizer_range(next(model.model.parameters()).dtype)
         memory_format = resolve_memory_format(self.memory_format, model.model)
         apply_memory_format(model.model, memory_format)
         apply_matmul_precision(self.matmul_precision, self.fabric.device)
@@ -419,6 +424,9 @@ class FederatedTrainer:
             tune_allocator()
         if ckpt_path is not None:
             check_file(ckpt_path)  # a missing or damaged file fails before any set-up
+        elif self.resume_allow:
+            raise ValueError(f"resume_allow={list(self.resume_allow)} applies only when resuming: give a checkpoint "
+                             "(--ckpt_path) or remove resume_allow")
         self._setup(model, datamodule)
         first_round = load_checkpoint(self, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
         if first_round:
