@@ -35,12 +35,17 @@ def _plain(value: Any) -> Any:
 
 
 def _identity(trainer: Any) -> dict[str, Any]:
-    """What must match between the run that saved and the run that resumes: the run's settings and
-    the model's and the data's (``model/lr``, ``data/alpha``, ...)."""
+    """What must match between the run that saved and the run that resumes: every setting that changes its
+    results (the trainer's, the clock's, the model's and the data's: ``dropout``, ``model/lr``, ``data/alpha``,
+    ...); not those that leave them bit for bit the same (the store, its device, the processes, the logging)."""
     identity = {"algorithm": repr(trainer.algorithm), "seed": trainer.seed, "rounds": trainer.rounds,
                 "local_epochs": trainer.local_epochs, "local_steps": trainer.local_steps,
                 "num_clients": trainer.num_clients, "eval_every": trainer.eval_every,
-                "checkpoint_every": trainer.checkpoint_every, "precision": _plain(trainer.precision)}
+                "checkpoint_every": trainer.checkpoint_every, "precision": _plain(trainer.precision),
+                # who takes part each round, and how the float arithmetic rounds: they change results too
+                "dropout": trainer.dropout, "deadline": trainer.deadline, "batched_clients": trainer.batched_clients,
+                "memory_format": trainer.memory_format, "matmul_precision": trainer.matmul_precision,
+                "accelerator": trainer.fabric.device.type}
     derived = {"num_clients", "num_servers", "seed", "base_times"}  # set by Clock.setup from the run
     identity.update({f"clock/{k}": _plain(v) for k, v in vars(trainer.clock).items()
                      if not k.startswith("_") and k not in derived})
@@ -144,7 +149,18 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, allow: Iterable[str] 
             " (schedules over the run's length, such as RigL's cosine drop fraction and the pruning rounds, follow "
             "the new rounds from here: the run differs from one started with it)" if "rounds" in changed else ""))
     check_finite(state, trainer.store, path)
+    next_round, history = state.get("next_round"), state.get("history")
+    rounds_held = len(history) if isinstance(history, list) else None
+    if type(next_round) is not int or next_round < 1 or next_round != rounds_held:
+        raise CheckpointError(f"the checkpoint {str(path)!r} says next_round={next_round!r} but holds the metrics of "
+                              f"{rounds_held} rounds: it is damaged or was edited (resume from another checkpoint)")
     trainer.store.load_state_dict(state["store"])
+    empty = next((node for node in range(trainer.store.num_nodes)
+                  if (masks := trainer.store.mask(node)) and not any(bool(m.any()) for m in masks.values())), None)
+    if empty is not None:
+        raise CheckpointError(f"the checkpoint {str(path)!r} holds an empty mask (no active weight in any layer) for "
+                              f"node {empty} (client {empty}): it is damaged or was edited (resume from another "
+                              "checkpoint)")
     trainer.algorithm.load_state_dict(state["algorithm"])
     trainer.clock.load_state_dict(state["clock"])
     trainer.history = list(state["history"])
