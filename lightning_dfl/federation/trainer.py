@@ -457,6 +457,7 @@ class FederatedTrainer:
         earlier = sum(m.get("time/wall_round_s", 0.0) for m in self.history[:first_round])
         self.summary = RunSummary.from_history(self.algorithm, self.history, earlier + time.perf_counter() - start,
                                                self.log_dir)
+        self.reporter.warn_without_accuracy(self.summary, self.deadline)
         self._call("on_train_end")
         self._call("on_fit_end")
         if self.logger is not None:
@@ -555,6 +556,7 @@ class FederatedTrainer:
         active = self.num_clients if ctx.participants is None else len(ctx.participants)
         metrics["clients/active_share"] = active / self.num_clients
         metrics["faults/stragglers"] = float(stragglers)
+        self.reporter.warn_partial(round_idx, metrics, self.num_clients, evaluate)
         timing = dict(next((m for m, trains in timings if trains), timings[0][0]))
         timing["duration"] = sum(m["duration"] for m, _ in timings)  # exchanges run one after another
         metrics.update({f"time/{k}": v for k, v in timing.items()})
