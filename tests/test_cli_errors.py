@@ -166,6 +166,11 @@ CASES = [
      ["num_groups=50", "20 clients"]),
     ("resume_allow_without_ckpt_path", ["--trainer.resume_allow=[model/lr]"], ["resume_allow", "--ckpt_path"]),
     ("root_with_the_embedded_digits", ["--data.root={empty}"], ["{empty}", "'digits'", "data.root"]),
+    # stock Lightning callbacks that need a Trainer's loops
+    ("callback_model_checkpoint", ["--trainer.callbacks+=ModelCheckpoint"], ["ModelCheckpoint", "checkpoint_every"]),
+    ("callback_early_stopping", ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=acc/headline"],
+     ["EarlyStopping", "trainer.rounds"]),
+    ("callback_lr_monitor", ["--trainer.callbacks+=LearningRateMonitor"], ["LearningRateMonitor", "lr_decay"]),
 ]
 
 

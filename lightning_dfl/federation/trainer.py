@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 
 from lightning_dfl.allocator import tune_allocator
+from lightning_dfl.callbacks.base import check_supported
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import RunDiverged, mark_in_round
@@ -293,6 +294,7 @@ class FederatedTrainer:
         """The algorithm's callbacks in their order (a user instance of the same class takes the
         default's place, so e.g. voting still runs before PQI), then the user's other callbacks."""
         user = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
+        check_supported(user)
         merged: list[Callback] = []
         for default in self.algorithm.callbacks():
             replacement = next((c for c in user if type(c) is type(default)), None)
