@@ -261,3 +261,26 @@ def test_a_run_in_which_no_client_meets_the_deadline_warns_that_it_has_no_accura
     assert any("no accuracy (final_accuracy is null" in m and "deadline (0.5)" in m for m in messages), messages
     assert math.isnan(trainer.summary.final_accuracy)
     assert all("acc/personal_mean" not in m and m["faults/stragglers"] == 8 for m in trainer.history)
+
+
+def test_a_second_signal_during_the_checkpoint_write_waits_for_the_file_and_names_it(tmp_path, monkeypatch):
+    import lightning_dfl.federation.checkpoint as checkpoint
+
+    write = checkpoint.write_state
+    written = []
+
+    def interrupted_write(path, state):
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while the file is being written
+        written.append(state["next_round"])
+        return write(path, state)
+
+    monkeypatch.setattr(checkpoint, "write_state", interrupted_write)
+    model, dm = _parts()
+    trainer = _trainer(DisPFL(num_neighbors=2), rounds=3, callbacks=[SendSignal([signal.SIGINT], round_idx=0)],
+                       default_root_dir=str(tmp_path))
+    with pytest.raises(Interrupted) as info:
+        trainer.fit(model, dm)
+    assert info.value.exit_code == 130 and written == [1] and len(trainer.history) == 1
+    assert read_state(info.value.checkpoint)["next_round"] == 1  # the write completed
+    assert "--ckpt_path" in info.value.resume_hint or "ckpt_path=" in info.value.resume_hint
+    assert "stopped after round 0" in str(info.value)

@@ -452,7 +452,9 @@ class FederatedTrainer:
                 if stop.requested or (self.checkpoint_every and ((round_idx + 1) % self.checkpoint_every == 0
                                                                  or round_idx == self.rounds - 1)):
                     if self.is_global_zero:  # every process holds the same state
-                        save_checkpoint(self, self.checkpoint_path)
+                        done = f"stopped after round {round_idx}"  # a second signal waits for the complete file
+                        with stop.hold(lambda code, done=done: self._interrupted(code, done)):
+                            save_checkpoint(self, self.checkpoint_path)
                 advance(metrics)
                 if stop.requested and round_idx < self.rounds - 1:
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx}")
