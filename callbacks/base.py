@@ -59,3 +59,22 @@ def defined_hooks(callback: Any, hooks: tuple[str, ...]) -> list[str]:
     no-op defaults): what a sharded or batched executor must account for."""
     defaults = (Callback, FederatedCallback)
     return [h for h in hooks if getattr(type(callback), h, None) not in (None, *(getattr(d, h, None) for d in defaults))]
+
+
+#: stock Lightning callbacks that need a ``Trainer``'s loops, and why a federation has no use for them
+UNSUPPORTED_STOCK = {
+    "ModelCheckpoint": "a federation writes its own checkpoints: set trainer.checkpoint_every (resume with --ckpt_path)",
+    "EarlyStopping": "a federation runs its rounds with no validation loop to monitor: set trainer.rounds",
+    "LearningRateMonitor": "a federation has no scheduler to monitor: the learning rate of round t is "
+                           "model.lr x model.lr_decay^t",
+}
+
+
+def check_supported(callbacks: list[Any]) -> None:
+    """Refuse the stock Lightning callbacks a federation cannot run (:data:`UNSUPPORTED_STOCK`), by name."""
+    from lightning.pytorch import callbacks as stock
+
+    for callback in callbacks:
+        name = next((n for n in UNSUPPORTED_STOCK if isinstance(callback, getattr(stock, n))), None)
+        if name is not None:
+            raise ValueError(f"trainer.callbacks: {name} is not supported in a federation: {UNSUPPORTED_STOCK[name]}")

@@ -1,6 +1,6 @@
 """When to start pruning: DA-DPFL's detection score and voting rule (Sec. IV-C, Eq. 4-6).
 
-The pure rules live in :mod:`lightning_dfl.scheduling`; this callback feeds them with weights:
+The pure rules live in :mod:`lightning_dfl.pruning_time`; this callback feeds them with weights:
 
 * Eq. 4: ``Delta^t(k) = ||w^t - w^0||^2`` over all floating parameters of the module (zeros
   included), after the local epochs of round ``t`` and before PQI pruning; the score is
@@ -8,7 +8,7 @@ The pure rules live in :mod:`lightning_dfl.scheduling`; this callback feeds them
 * Eq. 5: the client's vote is 1 ("stable") when its score is below ``delta_pr``;
 * errata: ``t* = min{t : mean vote >= delta_v}``, decided once;
 * Eq. 6 (errata): the pruning rounds ``t_1 = max(t* + b, t* + 1)``, ``t_p = t_(p-1) + I_p``,
-  ``t_p < T`` (:func:`~lightning_dfl.scheduling.pruning_rounds`).
+  ``t_p < T`` (:func:`~lightning_dfl.pruning_time.pruning_rounds`).
 
 Round numbering: the papers count rounds ``t = 1..T``; the engine counts ``round_idx = t - 1``
 from 0. ``Delta^1`` is the Delta of a client's first round; in that round it has no score and
@@ -41,7 +41,7 @@ from lightning_dfl.callbacks._mask_owner import module_mask
 from lightning_dfl.callbacks._records import ClientRecords, OneRecord
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
 from lightning_dfl.checks import is_number
-from lightning_dfl.scheduling import PruningSchedule, detection_score, first_pruning_round, pruning_rounds, vote
+from lightning_dfl.pruning_time import PruningSchedule, detection_score, first_pruning_round, pruning_rounds, vote
 
 #: The voter id used in a plain ``Trainer`` (one model, one vote).
 PLAIN_VOTER = 0

@@ -189,6 +189,19 @@ def _check_image_size(image_size: int | None) -> None:
         raise ValueError(f"image_size must be None or an integer >= 1, got {image_size!r}")
 
 
+def check_images_fit(count: int, channels: int, size: int) -> None:
+    """Refuse ``count`` ``uint8`` images of ``channels x size x size`` that would not fit in the available memory
+    (``MemAvailable``), before allocating them: one line naming ``image_size``, the bytes and the memory."""
+    from lightning_dfl.federation.store_memory import available_bytes
+
+    need, available = count * channels * size * size, available_bytes()
+    if available is not None and need > available:
+        largest = max(1, int((available / max(1, count * channels)) ** 0.5))
+        raise ValueError(f"image_size={size} would make {count} images of {channels}x{size}x{size} bytes take "
+                         f"{need / 1e9:.1f} GB, more than the {available / 1e9:.1f} GB of memory available; use an "
+                         f"image_size of at most {largest} (and far less leaves room for training)")
+
+
 def resize_images(images: Tensor, size: int, chunk: int = 4096) -> Tensor:
     """Resize a ``uint8 [N, C, H, W]`` batch to ``size x size`` (bilinear, antialiased)."""
     from torchvision.transforms.v2 import functional as TF
@@ -196,6 +209,7 @@ def resize_images(images: Tensor, size: int, chunk: int = 4096) -> Tensor:
     _check_image_size(size)
     if tuple(images.shape[-2:]) == (size, size):
         return images
+    check_images_fit(images.shape[0], images.shape[1], size)
     out = torch.empty((images.shape[0], images.shape[1], size, size), dtype=torch.uint8)
     for start in range(0, images.shape[0], chunk):
         out[start : start + chunk] = TF.resize(images[start : start + chunk], [size, size], antialias=True)
@@ -236,6 +250,8 @@ def decode_images(paths: Sequence[str | os.PathLike], image_size: int | None = N
         if image_size is not None and tuple(img.shape[-2:]) != (image_size, image_size):
             img = TF.resize(img, [image_size, image_size], antialias=True)
         if out is None:
+            if image_size is not None:
+                check_images_fit(len(paths), img.shape[0], image_size)
             out = torch.empty((len(paths), *img.shape), dtype=torch.uint8)
         elif img.shape != out.shape[1:]:
             raise ValueError(
@@ -597,6 +613,9 @@ def load_ham10000(
 
 
 # --------------------------------------------------------------------------- registry
+
+#: the data sets that ship with a package and read no files: a ``root`` is refused for them
+EMBEDDED = ("digits",)
 
 #: Name -> loader. Every loader takes the data root as its first argument.
 DATASETS: Registry[Callable[..., Split]] = Registry("dataset", {

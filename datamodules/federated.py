@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_dfl.checks import check_int, check_positive, is_int
 
-from .datasets import DATASETS, ImageData, Split, load_dataset
+from .datasets import DATASETS, EMBEDDED, ImageData, Split, load_dataset
 from .partition import (
     PARTITIONERS,
     ClusterPartitioner,
@@ -203,6 +203,9 @@ class FederatedDataModule(L.LightningDataModule):
         partitioner_class = PARTITIONERS.get(partition)
         if root is not None and not isinstance(root, (str, Path)):
             raise ValueError(f"root must be a path or None, got {root!r}")
+        if root is not None and dataset in EMBEDDED:
+            raise ValueError(f"root={str(root)!r} is not read: the data set {dataset!r} ships with its package and "
+                             "reads no files; remove data.root (or choose a data set that reads it, e.g. image_folder)")
         check_int("num_clients", num_clients, 1)
         check_positive("alpha", alpha)
         check_int("classes_per_client", classes_per_client, 1)

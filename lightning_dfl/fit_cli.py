@@ -67,6 +67,13 @@ class FederatedCLI(LightningCLI):
         parser.add_lightning_class_args(self._model_class, "model")
         parser.add_lightning_class_args(self._datamodule_class, "data")
 
+    def _set_seed(self) -> None:
+        """Refuse ``--seed_everything``: a federation derives every random stream from ``trainer.seed``."""
+        seed = self._get(self.config, "seed_everything")
+        if seed is not False and seed is not None:
+            raise ValueError(f"seed_everything={seed!r} is not used by a federation: set --trainer.seed "
+                             "(the seed of every random stream: topology, sampling, data order, masks) instead")
+
     def _parse_ckpt_path(self) -> None:
         """Nothing: LightningCLI would ``torch.load`` the file for a LightningModule's hyperparameters, which a
         federation checkpoint does not hold; :meth:`FederatedTrainer.fit` reads and checks it."""

@@ -174,9 +174,35 @@ class SparseClassifier(LightningModule):
                                      **(hp.model_options or {}))
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self._check_mask_exclude()
         generator = torch.Generator().manual_seed(hp.seed)
-        self.mask = ModelMask(self.model, self.initial_masks(generator)).attach()
+        masks = self.initial_masks(generator)
+        empty = [name for name, m in masks.items() if not bool(m.any())]
+        if empty:
+            raise ValueError(f"density={hp.density:g} leaves {len(empty)} masked layer(s) of {hp.arch} with no active "
+                             f"weight (first: {empty[0]!r}, {masks[empty[0]].numel()} weights); raise model.density or "
+                             "keep such layers dense with model.mask_exclude")
+        self.mask = ModelMask(self.model, masks).attach()
         self._flops = profile_flops(self.model, (in_channels, image_size, image_size))
+
+    def _check_mask_exclude(self) -> None:
+        """Refuse a ``mask_exclude`` pattern that matches no Conv/Linear weight (a typo would keep all masked)."""
+        names = list(maskable_parameters(self.model))
+        unmatched = [p for p in self.hparams.mask_exclude or [] if not any(p in name for name in names)]
+        if unmatched:
+            raise ValueError(f"mask_exclude pattern(s) {unmatched} match no masked layer of {self.hparams.arch}; "
+                             f"its layers: {', '.join(names)}")
+
+    def check_optimizer_range(self, dtype: torch.dtype) -> None:
+        """Refuse an ``lr`` or ``weight_decay`` that the parameters' ``dtype`` cannot represent (the optimizer
+        step would overflow), naming the value and the largest allowed."""
+        largest = torch.finfo(dtype).max
+        for name in ("lr", "weight_decay"):
+            value = self.hparams[name]
+            if value > largest:
+                kind = str(dtype).removeprefix("torch.")
+                raise ValueError(f"model.{name}={value:g} cannot be represented in the model's {kind} parameters; "
+                                 f"allowed: at most {largest:g} (and far less trains)")
 
     @property
     def input_spec(self) -> tuple[int, int, int]:

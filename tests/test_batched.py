@@ -18,7 +18,7 @@ warnings.filterwarnings("ignore", message=".*deviate from their training label p
 
 def _fit(algorithm, batched, rounds=1, momentum=0.0, arch="cnn_digits", callbacks=None, local_epochs=1,
          model_options=None, lr=0.05, weight_decay=5e-4, data=None, **kw):
-    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=local_epochs, seed=0, accelerator="cpu",
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=None if kw.get("local_steps") else local_epochs, seed=0, accelerator="cpu",
                                logger=False, enable_progress_bar=False, batched_clients=batched,
                                callbacks=callbacks, **kw)
     model = SparseClassifier(arch=arch, density=0.5, lr=lr, momentum=momentum, weight_decay=weight_decay,

@@ -338,3 +338,51 @@ def test_a_checkpoint_with_non_finite_field_or_algorithm_state_is_refused(saved,
     bad = _poisoned(ckpt, tmp_path / "inf.ckpt", poison)
     with pytest.raises(CheckpointError, match=r"non-finite .*the algorithm's state\['poison'\]"):
         _trainer(tmp_path / "r", callbacks=[Started()], rounds=3).fit(*_parts(), ckpt_path=str(bad))
+
+
+# -- a checkpoint that says what it cannot be; a resume that changes what the results depend on ---------
+
+
+@pytest.mark.parametrize("next_round", [10**9, 0, 1.5], ids=["1e9", "0", "float"])
+def test_a_checkpoint_whose_next_round_disagrees_with_its_history_is_refused(saved, tmp_path, next_round):
+    ckpt, _ = saved
+    bad = _poisoned(ckpt, tmp_path / "next.ckpt", lambda state: state.update(next_round=next_round))
+    started = Started()
+    with pytest.raises(CheckpointError, match=rf"next_round={next_round!r} but holds the metrics of 2 rounds"):
+        _trainer(tmp_path / "r", callbacks=[started], rounds=3).fit(*_parts(), ckpt_path=str(bad))
+    assert started.events == []
+
+
+def test_a_checkpoint_with_an_all_false_mask_is_refused_naming_the_client(saved, tmp_path):
+    ckpt, _ = saved
+
+    def empty_client_2(state):
+        for mask in state["store"]["masks"].values():
+            mask[2] = False
+
+    bad = _poisoned(ckpt, tmp_path / "empty.ckpt", empty_client_2)
+    started = Started()
+    with pytest.raises(CheckpointError, match="empty mask .*client 2"):
+        _trainer(tmp_path / "r", callbacks=[started], rounds=3).fit(*_parts(), ckpt_path=str(bad))
+    assert started.events == []
+
+
+RESULT_SETTINGS = {"dropout": (0.0, 0.3), "deadline": (None, 5.0), "batched_clients": (False, True),
+                   "memory_format": ("auto", "contiguous"), "matmul_precision": ("auto", "highest")}
+
+
+@pytest.mark.parametrize("key", list(RESULT_SETTINGS))
+def test_resume_refuses_a_changed_setting_that_changes_results(saved, tmp_path, key):
+    ckpt, _ = saved
+    before, now = RESULT_SETTINGS[key]
+    started = Started()
+    trainer = _trainer(tmp_path, callbacks=[started], rounds=3, **{key: now})
+    with pytest.raises(ValueError, match="another configuration") as info:
+        trainer.fit(*_parts(), ckpt_path=str(ckpt))
+    assert f"{key}: checkpoint={before!r} now={now!r}" in str(info.value)
+    assert started.events == []
+
+
+def test_resume_allow_without_a_checkpoint_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"resume_allow=\['model/lr'\] applies only when resuming"):
+        _trainer(tmp_path, rounds=1, resume_allow=["model/lr"]).fit(*_parts())

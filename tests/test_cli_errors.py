@@ -153,6 +153,24 @@ CASES = [
     ("ckpt_random_bytes", ["--ckpt_path={random}"], ["{random}", "not a checkpoint"]),
     ("ckpt_foreign", ["--ckpt_path={foreign}"], ["{foreign}", "not a lightning-dfl"]),
     ("ckpt_missing", ["--ckpt_path={empty}/absent.ckpt"], ["absent.ckpt"]),
+    # values that passed their own check but cannot work together with the model, the data or the memory
+    ("lr_beyond_float32", ["--model.lr=1e308"], ["model.lr=1e+308", "float32", "3.40282e+38"]),
+    ("image_size_beyond_memory", ["--data.image_size=20000"], ["image_size=20000", "538.8 GB", "at most"]),
+    ("density_leaves_a_layer_empty", ["--model.density=1e-9"], ["density=1e-09", "'features.0.weight'"]),
+    ("mask_exclude_matches_nothing", ["--model.mask_exclude=[nonexistent_layer]"],
+     ["nonexistent_layer", "features.0.weight", "classifier.2.weight"]),
+    ("seed_everything_not_the_run_seed", ["--seed_everything=5"], ["seed_everything=5", "--trainer.seed"]),
+    ("local_steps_and_local_epochs", ["--trainer.local_steps=5", "--trainer.local_epochs=2"],
+     ["local_steps=5", "local_epochs=2", "None"]),
+    ("prisam_num_groups_beyond_clients", ["--trainer.algorithm=PRISAM", "--trainer.algorithm.init_args.num_groups=50"],
+     ["num_groups=50", "20 clients"]),
+    ("resume_allow_without_ckpt_path", ["--trainer.resume_allow=[model/lr]"], ["resume_allow", "--ckpt_path"]),
+    ("root_with_the_embedded_digits", ["--data.root={empty}"], ["{empty}", "'digits'", "data.root"]),
+    # stock Lightning callbacks that need a Trainer's loops
+    ("callback_model_checkpoint", ["--trainer.callbacks+=ModelCheckpoint"], ["ModelCheckpoint", "checkpoint_every"]),
+    ("callback_early_stopping", ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=acc/headline"],
+     ["EarlyStopping", "trainer.rounds"]),
+    ("callback_lr_monitor", ["--trainer.callbacks+=LearningRateMonitor"], ["LearningRateMonitor", "lr_decay"]),
 ]
 
 

@@ -416,7 +416,7 @@ def _digits(k=6):
 
 
 def _fit(algorithm, store, model, callbacks=(), k=6, rounds=3):
-    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, local_steps=2, logger=False,
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_steps=2, logger=False,
                                accelerator="cpu", enable_progress_bar=False, seed=3, store=store,
                                callbacks=list(callbacks))
     trainer.fit(model, _digits(k))

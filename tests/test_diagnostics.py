@@ -334,3 +334,35 @@ def test_the_round_accounting_is_the_one_byte_ledger():
     assert recorder.seen == [(0, 1, 40, 2), (1, 0, 8, 0)]
     assert dict(accounting.upload) == {0: 40, 1: 8, 2: 4} and dict(accounting.mask_upload) == {0: 2, 2: 1}
     RoundAccounting(3).transfer(0, 1, 40, 2)  # no observer: counted only
+
+
+def test_a_row_stochastic_w_that_pulls_towards_one_client_has_a_gap_in_0_1():
+    # clients 0 and 1 keep their models, client 2 copies client 1: the disagreement's l2 norm may grow for a
+    # round (largest singular value 1.15) but repeated mixing never widens it: rho = 1 (two fixed points)
+    w = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+    gap, rho = D.spectral_gap(w)
+    assert gap == pytest.approx(0.0, abs=1e-12) and rho == pytest.approx(1.0, abs=1e-12)
+    gap, rho = D.spectral_gap(torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64))
+    assert gap == pytest.approx(0.5, abs=1e-12)  # client 0 halves its distance to client 1's model each round
+
+
+def test_under_heavy_dropout_the_realized_w_is_row_stochastic_and_the_gap_in_0_1(monkeypatch):
+    seen = []
+    original = D.spectral_gap
+
+    def spy(w, participants=None):
+        seen.append((w.clone(), list(participants)))
+        return original(w, participants)
+
+    monkeypatch.setattr(D, "spectral_gap", spy)
+    dm = FederatedDataModule(dataset="digits", num_clients=20, batch_size=64, test_samples_per_client=10)
+    trainer = FederatedTrainer(algorithm=DisPFL(num_neighbors=4), rounds=12, local_steps=1, eval_every=12,
+                               logger=False, accelerator="cpu", enable_progress_bar=False, dropout=0.9,
+                               diagnostics=True, seed=0)
+    trainer.fit(SparseClassifier(arch="cnn_digits", density=0.5), dm)
+    assert len(seen) == 12
+    for w, participants in seen:
+        sub = w[participants][:, participants]
+        assert torch.allclose(sub.sum(dim=1), torch.ones(len(participants), dtype=torch.float64))
+    gaps = [m["diag/spectral_gap"] for m in trainer.history if not math.isnan(m["diag/spectral_gap"])]
+    assert gaps and all(0.0 <= g <= 1.0 + 1e-12 for g in gaps), gaps

@@ -26,7 +26,8 @@ warnings.filterwarnings("ignore", message=".*deviate from their training label p
 def _run(algorithm, rounds=2, density=1.0, callbacks=None, momentum=0.0, **trainer_kw):
     dm = FederatedDataModule(dataset="digits", num_clients=5, batch_size=32, test_samples_per_client=30)
     model = SparseClassifier(arch="cnn_digits", density=density, lr=0.05, momentum=momentum)
-    trainer_kw.setdefault("local_epochs", 1)
+    if trainer_kw.get("local_steps") is None:
+        trainer_kw.setdefault("local_epochs", 1)
     trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, logger=False, accelerator="cpu",
                                enable_progress_bar=False, callbacks=callbacks, **trainer_kw)
     trainer.fit(model, dm)

@@ -19,7 +19,7 @@ warnings.filterwarnings("ignore", message=".*deviate from their training label p
 
 
 def _run(tmp_path, algorithm, arch="resnet20"):
-    trainer = FederatedTrainer(algorithm=algorithm, rounds=2, local_epochs=1, local_steps=2, logger=False,
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=2, local_steps=2, logger=False,
                                accelerator="cpu", enable_progress_bar=False, checkpoint_every=2,
                                default_root_dir=str(tmp_path))
     dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=16, test_samples_per_client=20)

@@ -238,3 +238,49 @@ def test_the_resume_command_replaces_the_checkpoint_option():
     cmd = resume_command("runs/x/last.ckpt", ["lightning-dfl", "fit", "--config", "a b.yaml", "--ckpt_path", "old"])
     assert cmd == "lightning-dfl fit --config 'a b.yaml' --ckpt_path runs/x/last.ckpt"
     assert resume_command("c.ckpt", None) == "trainer.fit(model, datamodule, ckpt_path='c.ckpt')"
+
+
+def test_personal_mean_over_the_clients_that_met_the_deadline_is_counted_and_said_once():
+    model, dm = _parts(8)
+    clock = Clock(distribution="uniform", low=0.5, high=4.5, noise=0.2)
+    trainer = _trainer(DisPFL(num_neighbors=2), rounds=3, clock=clock, deadline=3.0)
+    with pytest.warns(UserWarning, match=r"missed the deadline; acc/personal_mean averages only the \d+ of 8") as seen:
+        trainer.fit(model, dm)
+    assert sum("missed the deadline" in str(w.message) for w in seen) == 1  # once per run, not every round
+    for m in trainer.history:
+        assert m["acc/personal_count"] == 8 - m["faults/stragglers"]
+
+
+def test_a_run_in_which_no_client_meets_the_deadline_warns_that_it_has_no_accuracy():
+    model, dm = _parts(8)
+    trainer = _trainer(DisPFL(num_neighbors=2), rounds=2, clock=Clock(), deadline=0.5)  # every task takes 1
+    with pytest.warns(UserWarning) as seen:
+        trainer.fit(model, dm)
+    messages = [str(w.message) for w in seen]
+    assert any("8 client(s) missed the deadline; no client was evaluated" in m for m in messages), messages
+    assert any("no accuracy (final_accuracy is null" in m and "deadline (0.5)" in m for m in messages), messages
+    assert math.isnan(trainer.summary.final_accuracy)
+    assert all("acc/personal_mean" not in m and m["faults/stragglers"] == 8 for m in trainer.history)
+
+
+def test_a_second_signal_during_the_checkpoint_write_waits_for_the_file_and_names_it(tmp_path, monkeypatch):
+    import lightning_dfl.federation.checkpoint as checkpoint
+
+    write = checkpoint.write_state
+    written = []
+
+    def interrupted_write(path, state):
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while the file is being written
+        written.append(state["next_round"])
+        return write(path, state)
+
+    monkeypatch.setattr(checkpoint, "write_state", interrupted_write)
+    model, dm = _parts()
+    trainer = _trainer(DisPFL(num_neighbors=2), rounds=3, callbacks=[SendSignal([signal.SIGINT], round_idx=0)],
+                       default_root_dir=str(tmp_path))
+    with pytest.raises(Interrupted) as info:
+        trainer.fit(model, dm)
+    assert info.value.exit_code == 130 and written == [1] and len(trainer.history) == 1
+    assert read_state(info.value.checkpoint)["next_round"] == 1  # the write completed
+    assert "--ckpt_path" in info.value.resume_hint or "ckpt_path=" in info.value.resume_hint
+    assert "stopped after round 0" in str(info.value)

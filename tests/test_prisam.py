@@ -34,7 +34,7 @@ def _model(**kw):
 
 
 def _trainer(algorithm, rounds=3, local_steps=3, **kw):
-    return FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, local_steps=local_steps,
+    return FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1 if local_steps is None else None, local_steps=local_steps,
                             logger=False, accelerator="cpu", enable_progress_bar=False, **kw)
 
 

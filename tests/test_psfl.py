@@ -24,7 +24,7 @@ K = 8
 def _fit(algorithm, rounds=1, callbacks=None, **kw):
     dm = FederatedDataModule(dataset="digits", num_clients=K, batch_size=16, test_samples_per_client=20)
     model = SparseClassifier(arch="cnn_digits", density=1.0, lr=0.05, lr_decay=1.0)
-    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=1, local_steps=3, logger=False,
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_steps=3, logger=False,
                                accelerator="cpu", enable_progress_bar=False, callbacks=callbacks, **kw)
     trainer.fit(model, dm)
     return trainer
@@ -133,7 +133,7 @@ def test_psfl_checkpoint_resumes_bit_identical(tmp_path, killed_at):
     def run(rounds, ckpt=None, root=None):
         dm = FederatedDataModule(dataset="digits", num_clients=K, batch_size=16, test_samples_per_client=20)
         model = SparseClassifier(arch="cnn_digits", density=1.0, lr=0.05, lr_decay=1.0)
-        trainer = FederatedTrainer(algorithm=PSFL(clients_per_round=6, warmup_rounds=2), rounds=4, local_epochs=1,
+        trainer = FederatedTrainer(algorithm=PSFL(clients_per_round=6, warmup_rounds=2), rounds=4,
                                    local_steps=3, logger=False, accelerator="cpu", enable_progress_bar=False,
                                    clock=Clock(distribution="uniform", noise=0.2), checkpoint_every=1,
                                    default_root_dir=str(root or tmp_path))

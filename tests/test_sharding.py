@@ -28,7 +28,7 @@ RUNS = {
                                       "--trainer.client_speeds", "[1.0,2.0,0.5,1.0,1.5,1.0]"]),
     # a server node (K) and sampled clients: the server's task is sharded like a client's
     "fedavg": ("fedavg_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.clients_per_round", "4"]),
-    "prisam": ("prisam_digits.yaml", ["--trainer.rounds", "3", "--trainer.local_steps", "2", "--data.num_groups", "3",
+    "prisam": ("prisam_digits.yaml", ["--trainer.rounds", "3", "--trainer.local_steps", "2", "--trainer.local_epochs", "null", "--data.num_groups", "3",
                                       "--trainer.algorithm.init_args.num_groups", "3",
                                       "--trainer.algorithm.init_args.warmup_rounds", "1"]),
 }

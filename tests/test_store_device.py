@@ -538,7 +538,7 @@ def test_a_fit_with_the_store_on_the_gpu_matches_the_cpu_store(store, gpu, monke
         dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=64, test_samples_per_client=20,
                                  partition="dirichlet", alpha=0.5, seed=1)
         model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05, seed=1)
-        trainer = FederatedTrainer(algorithm=DisPFL(num_neighbors=2), rounds=2, local_epochs=0, local_steps=2,
+        trainer = FederatedTrainer(algorithm=DisPFL(num_neighbors=2), rounds=2, local_steps=2,
                                    accelerator="cpu", enable_progress_bar=False, seed=3, logger=False, cpu_threads=1,
                                    store=store, diagnostics=True, default_root_dir=str(tmp_path / where))
         trainer.fit(model, dm)

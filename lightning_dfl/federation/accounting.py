@@ -111,6 +111,7 @@ class RoundAccounting:
         aggregated = [r.acc_aggregated for r in records if r.acc_aggregated is not None]
         if trained:
             out["acc/personal_mean"], out["acc/personal_std"] = mean_std(trained)
+            out["acc/personal_count"] = float(len(trained))  # the clients averaged (stragglers are not)
         if aggregated:
             out["acc/aggregated_mean"], out["acc/aggregated_std"] = mean_std(aggregated)
         losses = [r.loss for r in records if not math.isnan(r.loss)]

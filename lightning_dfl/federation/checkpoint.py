@@ -36,12 +36,15 @@ def _plain(value: Any) -> Any:
 
 
 def _identity(federation: FederationState) -> dict[str, Any]:
-    """What must match between the run that saved and the run that resumes: the run's settings and
-    the model's and the data's (``model/lr``, ``data/alpha``, ...)."""
+    """What must match between the run that saved and the run that resumes: every setting that changes its
+    results (the trainer's, the clock's, the model's and the data's: ``dropout``, ``model/lr``, ``data/alpha``,
+    ...); not those that leave them bit for bit the same (the store, its device, the processes, the logging)."""
     identity = {"algorithm": repr(federation.algorithm), "seed": federation.seed, "rounds": federation.rounds,
                 "local_epochs": federation.local_epochs, "local_steps": federation.local_steps,
                 "num_clients": federation.num_clients, "eval_every": federation.eval_every,
-                "checkpoint_every": federation.checkpoint_every, "precision": _plain(federation.precision)}
+                "checkpoint_every": federation.checkpoint_every, "precision": _plain(federation.precision),
+                # who takes part each round, and how the float arithmetic rounds: they change results too
+                **{k: _plain(v) for k, v in federation.result_settings.items()}}
     derived = {"num_clients", "num_servers", "seed", "base_times"}  # set by Clock.setup from the run
     identity.update({f"clock/{k}": _plain(v) for k, v in vars(federation.clock).items()
                      if not k.startswith("_") and k not in derived})
@@ -145,7 +148,18 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
             " (schedules over the run's length, such as RigL's cosine drop fraction and the pruning rounds, follow "
             "the new rounds from here: the run differs from one started with it)" if "rounds" in changed else ""))
     check_finite(state, federation.store, path)
+    next_round, history = state.get("next_round"), state.get("history")
+    rounds_held = len(history) if isinstance(history, list) else None
+    if type(next_round) is not int or next_round < 1 or next_round != rounds_held:
+        raise CheckpointError(f"the checkpoint {str(path)!r} says next_round={next_round!r} but holds the metrics of "
+                              f"{rounds_held} rounds: it is damaged or was edited (resume from another checkpoint)")
     federation.store.load_state_dict(state["store"])
+    empty = next((node for node in range(federation.store.num_nodes)
+                  if (masks := federation.store.mask(node)) and not any(bool(m.any()) for m in masks.values())), None)
+    if empty is not None:
+        raise CheckpointError(f"the checkpoint {str(path)!r} holds an empty mask (no active weight in any layer) for "
+                              f"node {empty} (client {empty}): it is damaged or was edited (resume from another "
+                              "checkpoint)")
     federation.algorithm.load_state_dict(state["algorithm"])
     federation.clock.load_state_dict(state["clock"])
     federation.history[:] = list(state["history"])  # in place: the trainer's list too

@@ -9,6 +9,7 @@ executed. Every damaged or foreign file gives one :class:`CheckpointError` namin
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
 import re
@@ -54,19 +55,37 @@ def write_state(path: str | os.PathLike, state: dict[str, Any]) -> Path:
         raise ValueError(f"state keys {reserved} are reserved for the checkpoint's format marker")
     _check_plain(state, "state")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as file:
             torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, **state}, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch's zip writer reports a failed write as a RuntimeError
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        cause = _write_cause(err)
+        kept = "the previous checkpoint is kept" if path.is_file() else "no earlier checkpoint exists"
+        raise CheckpointError(f"cannot write the checkpoint {str(path)!r}: {cause}; {kept}") from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
     return path
+
+
+def _write_cause(err: BaseException) -> str:
+    """Why a write failed, in words: the OS error (disk full, read-only folder, ...) torch may have wrapped."""
+    chain: list[BaseException] = [err]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)  # type: ignore[arg-type]
+    os_error = next((e for e in chain if isinstance(e, OSError)), None)
+    if os_error is not None:
+        code = f" ({errno.errorcode.get(os_error.errno, os_error.errno)})" if os_error.errno else ""
+        return f"{os_error.strerror or os_error}{code}"
+    return f"{_reason(err)} (a failed write: is the disk full?)"
 
 
 def check_file(path: str | os.PathLike) -> Path:
@@ -112,10 +131,13 @@ def read_state(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, 
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        if found is None:
+        reason = _reason(err)
+        if found is None and re.search(r"Unsupported operand|truncated|invalid load key|could not find MARK|"
+                                       r"unpickling stack underflow", reason):
             raise CheckpointError(f"the checkpoint {where} is damaged: its pickled data cannot be read "
-                                  f"weights-only ({_reason(err)})") from err
-        raise CheckpointError(f"{where} holds a pickled object ({found.group(1)}), not only tensors and plain "
+                                  f"weights-only ({reason})") from err
+        what = found.group(1) if found is not None else reason
+        raise CheckpointError(f"{where} holds a refused pickled object ({what}), not only tensors and plain "
                               "containers; it is not loaded, since loading it could run arbitrary code") from err
     except (RuntimeError, EOFError, ValueError, KeyError) as err:
         raise CheckpointError(f"the checkpoint {where} is damaged or not a torch checkpoint: "
@@ -214,9 +236,11 @@ def _archive_problem(path: Path) -> str | None:
 def _reason(err: BaseException) -> str:
     """The telling part of torch's (long) error message."""
     found = re.search(r"WeightsUnpickler error:\s*(.+)", str(err))
-    if found is not None:
-        return found.group(1).strip()
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if found is not None:  # without torch's advice to allowlist the class or to turn the check off
+        text = re.split(r"\.\s+(?:Please use|Re-running|Check the recorded)", found.group(1).strip())[0].rstrip(".")
+        return re.sub(r",? or (?:types )?allowlisted via `?add_safe_globals`?", "", text)
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()
+             and not re.search(r"weights_only|can still be loaded|safe_globals", line)]
     return lines[0] if lines else type(err).__name__
 
 

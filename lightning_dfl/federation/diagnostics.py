@@ -2,13 +2,15 @@
 
 Per diagnosed round (``FederatedTrainer(diagnostics=..., diag_every=...)``), logged with the other metrics:
 
-* ``diag/spectral_gap``, ``diag/mixing_rho``: the round's realized mixing matrix W (:func:`mixing_matrix`)
-  and rho = the largest singular value of ``(I - J) W`` over the round's participants
-  (``J = (1/P) 1 1^T``), gap = 1 - rho. For a doubly-stochastic W, ``(I - J) W = W - J`` and, W
-  symmetric, rho = max_{j >= 2} |lambda_j(W)|; for a row-stochastic W that is not column-stochastic,
-  ``(I - J) W`` is the part of W that acts on the clients' disagreement (``||x' - x'_bar|| <= rho
-  ||x - x_bar||``), so FedAvg's server average ``W = 1 c^T`` has gap 1 whatever its sample weights c
-  (``W - J`` would not). Local training: W = I, rho = 1, gap = 0.
+* ``diag/spectral_gap``, ``diag/mixing_rho``: the round's realized mixing matrix W (:func:`mixing_matrix`,
+  row-stochastic) and rho = the spectral radius of ``(I - J) W`` over the round's participants
+  (``J = (1/P) 1 1^T``), gap = 1 - rho, both in [0, 1]. ``(I - J) W`` is the part of W that acts on the
+  clients' disagreement; its eigenvalues are W's with one eigenvalue 1 (the consensus) replaced by 0, so
+  rho = max_{j >= 2} |lambda_j(W)|, the rate at which repeated mixing shrinks the disagreement. FedAvg's
+  server average ``W = 1 c^T`` has gap 1 whatever its sample weights c (``W - J`` would not); Local
+  training: W = I, rho = 1, gap = 0. (The largest singular value, a one-round bound, can exceed 1 for a W
+  that is not doubly stochastic, e.g. under dropout when a client keeps its model while others average
+  towards it: it is not used.)
 * ``diag/consensus_distance``: ``(1/K) sum_k ||x_k - x_bar||^2`` over the K clients' published models
   (the model's parameters as dense vectors, zeros outside each published mask, as the engine publishes
   them); ``diag/consensus_distance_masked``: the same restricted pair by pair to the weights both masks
@@ -161,8 +163,11 @@ def participants_of(plans: Iterable[RoundPlan], num_clients: int) -> list[int]:
 
 
 def spectral_gap(w: Tensor, participants: Sequence[int] | None = None) -> tuple[float, float]:
-    """``(gap, rho)`` of a mixing matrix over ``participants`` (all by default): rho = the largest
-    singular value of ``(I - J) W_P`` with ``J = (1/P) 1 1^T``, gap = 1 - rho; NaN for fewer than 2."""
+    """``(gap, rho)`` of a mixing matrix over ``participants`` (all by default): rho = the spectral radius
+    of ``(I - J) W_P`` with ``J = (1/P) 1 1^T`` (W_P's eigenvalues less one 1: the rate at which repeated
+    mixing shrinks the disagreement; in [0, 1] for a row-stochastic W_P), gap = 1 - rho; NaN for fewer
+    than 2. Not the largest singular value: for a W that is not doubly stochastic (clients that keep
+    their model while others pull towards it, as under dropout) that one-round bound can exceed 1."""
     if participants is not None:
         index = torch.as_tensor(list(participants), dtype=torch.long)
         w = w[index][:, index]
@@ -171,7 +176,7 @@ def spectral_gap(w: Tensor, participants: Sequence[int] | None = None) -> tuple[
         return float("nan"), float("nan")
     w = w.to(torch.float64)
     centered = w - w.mean(dim=0, keepdim=True)  # (I - J) W
-    rho = float(torch.linalg.matrix_norm(centered, ord=2))
+    rho = float(torch.linalg.eigvals(centered).abs().max())
     return 1.0 - rho, rho
 
 

@@ -71,6 +71,8 @@ class FederationState:
     convert_input: Callable[[Any], Any] | None
     #: the run's diagnostics (they hear every transfer), or ``None``
     diag: Any = None
+    #: the trainer's other settings that change results (a checkpoint's identity): dropout, deadline, ...
+    result_settings: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
     current_round: int = 0
     #: the client whose task is running (``None`` between tasks)

@@ -2,7 +2,8 @@
 
 The first signal asks the trainer to stop after the round in progress: the round completes (a
 round is the unit a checkpoint restores bit for bit), a checkpoint is written and
-:class:`Interrupted` carries the command that resumes. A second signal abandons the round at once.
+:class:`Interrupted` carries the command that resumes. A second signal abandons the round at once; one
+that arrives while a checkpoint is written stops the run as soon as the write completes.
 """
 
 from __future__ import annotations
@@ -35,10 +36,25 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.exit_code: int | None = None
+        self.holding = False
+        #: a second signal that arrived while :meth:`hold` held it
+        self.held: int | None = None
 
     @property
     def requested(self) -> bool:
         return self.exit_code is not None
+
+    @contextmanager
+    def hold(self, on_abandon: Callable[[int], BaseException]) -> Iterator[None]:
+        """Within this block (a checkpoint's write) a second signal waits until the block ends, then raises
+        ``on_abandon(exit_code)``: the checkpoint is complete, so the resume line can name it."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.held is not None:
+            raise on_abandon(self.held)
 
 
 @contextmanager
@@ -52,6 +68,11 @@ def stop_requests(on_abandon: Callable[[int], BaseException]) -> Iterator[StopRe
 
     def handler(signum: int, frame: object) -> None:
         code = EXIT_CODES.get(signal.Signals(signum), 130)
+        if request.requested and request.holding:
+            request.held = code
+            print(f"\nlightning-dfl: {signal.Signals(signum).name}: stopping once the checkpoint is written",
+                  file=sys.stderr, flush=True)
+            return
         if request.requested:
             raise on_abandon(code)
         request.exit_code = code

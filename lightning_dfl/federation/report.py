@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from rich.console import Console
 from rich.progress import (
@@ -55,6 +56,28 @@ class RoundReporter:
         self.logger = logger
         self.is_global_zero = is_global_zero
         self._client_fields: list[str] | None = None
+        self._warned_partial = False
+
+    def warn_partial(self, round_idx: int, metrics: dict[str, float], num_clients: int, evaluated: bool) -> None:
+        """Once per run: an evaluated round whose stragglers (clients that missed the deadline) are left out of
+        ``acc/personal_mean``, which averages the ``acc/personal_count`` clients that met it."""
+        stragglers = int(metrics.get("faults/stragglers", 0))
+        if self._warned_partial or not evaluated or not stragglers:
+            return
+        self._warned_partial = True
+        count = int(metrics.get("acc/personal_count", 0))
+        what = (f"acc/personal_mean averages only the {count} of {num_clients} clients evaluated "
+                "(acc/personal_count)" if count else "no client was evaluated: the round has no acc/personal_mean")
+        rank_zero_warn(f"round {round_idx}: {stragglers} client(s) missed the deadline; {what} (said once per run)")
+
+    @staticmethod
+    def warn_without_accuracy(summary: Any, deadline: float | None) -> None:
+        """A run that ends without any headline accuracy (``final_accuracy`` null): say so, and why if known."""
+        if not math.isnan(summary.final_accuracy):
+            return
+        why = (f": no client met the deadline ({deadline:g}) in an evaluated round" if deadline is not None
+               else ": no evaluated round produced one")
+        rank_zero_warn(f"the run has no accuracy (final_accuracy is null in summary.json){why}")
 
     @property
     def log_dir(self) -> str | None:

@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 
 from lightning_dfl.allocator import tune_allocator
+from lightning_dfl.callbacks.base import check_supported
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import RunDiverged, mark_in_round
@@ -76,9 +77,10 @@ class FederatedTrainer:
     Args:
         algorithm: the federated algorithm (DisPFL, D-PSGD, Local, FedAvg, ...).
         rounds: communication rounds T.
-        local_epochs: local epochs E per round.
+        local_epochs: local epochs E per round (``None``: 5, or none when ``local_steps`` is set).
         local_steps: if set, each client runs exactly this many optimizer steps per round instead of
-            ``local_epochs`` epochs (PSFL's local work; passes over the data restart as needed).
+            ``local_epochs`` epochs (PSFL's local work; passes over the data restart as needed). Setting
+            both is refused: set the other to ``None``.
         eval_every: evaluate every this many rounds (the last round always).
         accelerator, precision: passed to ``lightning.fabric.Fabric``.
         devices, num_nodes, strategy: more than one process in all (``devices x num_nodes``, strategy
@@ -141,7 +143,7 @@ class FederatedTrainer:
         self,
         algorithm: Algorithm | None = None,
         rounds: int = 100,
-        local_epochs: int = 5,
+        local_epochs: int | None = None,
         local_steps: int | None = None,
         eval_every: int = 1,
         accelerator: str = "auto",
@@ -175,7 +177,10 @@ class FederatedTrainer:
             raise ValueError(f"algorithm must be an Algorithm (DisPFL, DPSGD, Local, FedAvg, ...), "
                              f"got {type(self.algorithm).__name__}")
         check_int("rounds", rounds, 1)
-        check_int("local_epochs", local_epochs, 0)
+        if local_steps is not None and local_epochs is not None:
+            raise ValueError(f"local_steps={local_steps!r} and local_epochs={local_epochs!r} are both set: a round runs "
+                             "either local_steps steps or local_epochs epochs; set the other to None (null)")
+        local_epochs = 5 if local_epochs is None else check_int("local_epochs", local_epochs, 0)
         if local_steps is not None:
             check_int("local_steps (None: local_epochs epochs)", local_steps, 1)
         check_int("eval_every", eval_every, 1)
@@ -306,6 +311,7 @@ class FederatedTrainer:
         """The algorithm's callbacks in their order (a user instance of the same class takes the
         default's place, so e.g. voting still runs before PQI), then the user's other callbacks."""
         user = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
+        check_supported(user)
         merged: list[Callback] = []
         for default in self.algorithm.callbacks():
             replacement = next((c for c in user if type(c) is type(default)), None)
@@ -344,6 +350,7 @@ class FederatedTrainer:
             self.fabric.strategy.precision.convert_module(model).to(self.fabric.device)
         else:
             self.fabric.setup_module(model)  # device placement and the precision's dtype
+        model.check_optimizer_range(next(model.model.parameters()).dtype)
         memory_format = resolve_memory_format(self.memory_format, model.model)
         apply_memory_format(model.model, memory_format)
         apply_matmul_precision(self.matmul_precision, self.fabric.device)
@@ -383,7 +390,10 @@ class FederatedTrainer:
             clock=self.clock, worker=self.worker, seed=self.seed, rounds=self.rounds, num_clients=num_clients,
             local_epochs=self.local_epochs, local_steps=self.local_steps, eval_every=self.eval_every,
             checkpoint_every=self.checkpoint_every, precision=self.precision, convert_input=self.convert_input,
-            diag=self.diag, history=self.history)
+            diag=self.diag, history=self.history, result_settings={
+                "dropout": self.dropout, "deadline": self.deadline, "batched_clients": self.batched_clients,
+                "memory_format": self.memory_format, "matmul_precision": self.matmul_precision,
+                "accelerator": self.fabric.device.type})
         self.executor = self._make_executor(self.state)
         self.algorithm.init_state(self.store, num_clients)
         for callback in self.callbacks:
@@ -449,6 +459,9 @@ class FederatedTrainer:
             tune_allocator()
         if ckpt_path is not None:
             check_file(ckpt_path)  # a missing or damaged file fails before any set-up
+        elif self.resume_allow:
+            raise ValueError(f"resume_allow={list(self.resume_allow)} applies only when resuming: give a checkpoint "
+                             "(--ckpt_path) or remove resume_allow")
         self._setup(model, datamodule)
         first_round = load_checkpoint(self.state, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
         if first_round:
@@ -472,13 +485,16 @@ class FederatedTrainer:
                 if stop.requested or (self.checkpoint_every and ((round_idx + 1) % self.checkpoint_every == 0
                                                                  or round_idx == self.rounds - 1)):
                     if self.is_global_zero:  # every process holds the same state
-                        save_checkpoint(self.state, self.checkpoint_path)
+                        done = f"stopped after round {round_idx}"  # a second signal waits for the complete file
+                        with stop.hold(lambda code, done=done: self._interrupted(code, done)):
+                            save_checkpoint(self.state, self.checkpoint_path)
                 advance(metrics)
                 if stop.requested and round_idx < self.rounds - 1:
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx}")
         earlier = sum(m.get("time/wall_round_s", 0.0) for m in self.history[:first_round])
         self.summary = RunSummary.from_history(self.algorithm, self.history, earlier + time.perf_counter() - start,
                                                self.log_dir)
+        self.reporter.warn_without_accuracy(self.summary, self.deadline)
         self._call("on_train_end")
         self._call("on_fit_end")
         if self.logger is not None:
@@ -577,6 +593,7 @@ class FederatedTrainer:
         active = self.num_clients if ctx.participants is None else len(ctx.participants)
         metrics["clients/active_share"] = active / self.num_clients
         metrics["faults/stragglers"] = float(stragglers)
+        self.reporter.warn_partial(round_idx, metrics, self.num_clients, evaluate)
         timing = dict(next((m for m, trains in timings if trains), timings[0][0]))
         timing["duration"] = sum(m["duration"] for m, _ in timings)  # exchanges run one after another
         metrics.update({f"time/{k}": v for k, v in timing.items()})

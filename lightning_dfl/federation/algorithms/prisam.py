@@ -181,6 +181,9 @@ class PRISAM(GossipAlgorithm):
             super().validate(num_clients)  # M random peers need M < K
         else:
             Algorithm.validate(self, num_clients)
+        if self.num_groups > num_clients:
+            raise ValueError(f"num_groups={self.num_groups} exceeds the {num_clients} clients: every group needs a "
+                             f"client; allowed: at most {num_clients}")
         if self.participants_per_round is not None and self.participants_per_round > num_clients:
             raise ValueError(f"participants_per_round={self.participants_per_round} exceeds the "
                              f"{num_clients} clients")
