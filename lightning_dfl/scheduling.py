@@ -19,7 +19,7 @@ clients; client k's *prior* neighbours are those with a smaller reuse index; k w
 starts when the last of those finishes. Prior neighbours come earlier in reuse order, so
 processing clients in reuse order is a valid topological order.
 
-PSFL's training structure (Sec. V-B, with ``../shared/papers/psfl-notes.md``'s errata): the
+PSFL's training structure (Sec. V-B, with the errata of ``docs/psfl.md``): the
 constants of Eq. 8 (:func:`psfl_constants`), the objective of Eq. 21 (:func:`psfl_objective`), its
 global minimiser ``W*`` (:func:`optimal_parallel_width`) and the integer ``(W, S)``
 (:func:`training_structure`).
