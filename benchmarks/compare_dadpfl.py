@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -313,8 +314,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", choices=sorted(DEFAULTS), default="digits")
-    p.add_argument("--root", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"),
-                   help="data root (torchvision layout for mnist); default: ../shared/data beside the repository")
+    p.add_argument("--root", default=os.path.expanduser(os.environ.get("LIGHTNING_DFL_DATA", "~/.cache/lightning-dfl")),
+                   help="data root (torchvision layout for mnist); default: $LIGHTNING_DFL_DATA or ~/.cache/lightning-dfl; "
+                        "torchvision.datasets.MNIST(ROOT, download=True) fetches the official copy where a network exists")
     p.add_argument("--rounds", type=int, default=None, help="T (default: 40 digits, 20 mnist)")
     p.add_argument("--clients", type=int, default=20, help="K")
     p.add_argument("--seed", type=int, default=0)

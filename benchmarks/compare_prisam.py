@@ -483,8 +483,9 @@ def machine() -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--root", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"),
-                   help="data root (torchvision layout MNIST/raw); default: ../shared/data beside the repository")
+    p.add_argument("--root", default=os.path.expanduser(os.environ.get("LIGHTNING_DFL_DATA", "~/.cache/lightning-dfl")),
+                   help="data root (torchvision layout MNIST/raw); default: $LIGHTNING_DFL_DATA or ~/.cache/lightning-dfl; "
+                        "torchvision.datasets.MNIST(ROOT, download=True) fetches the official copy where a network exists")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output folder")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--partitions", default=",".join(PARTITIONS), help="comma-separated subset of: "

@@ -1,6 +1,6 @@
 """``bf16-mixed`` against ``32-true`` on this CPU: training images per second and final accuracy.
 
-DisPFL with ``cnn_cifar`` on a CIFAR-10 subset (jpg folders of ``../shared/data``), the same
+DisPFL with ``cnn_cifar`` on a CIFAR-10 subset (image folders, ``--root``), the same
 seed, rounds and data for both precisions. Images per second = training samples of the run /
 the rounds' wall time (evaluations included, as a user sees it). The CPU's bf16 support is read
 from ``/proc/cpuinfo`` (``avx512_bf16`` or ``amx_bf16``).

@@ -38,7 +38,8 @@ after the first, start-up (process start to the first round), data load time, pe
 mean personal accuracy. Both children run as a user runs them: the benchmark sets no environment
 variables unless asked with ``--env KEY=VALUE`` (for both children).
 
-    tar -xJf ../shared/data/cifar10-jpg.tar.xz -C ~/.cache/lightning-dfl/
+    # ~/.cache/lightning-dfl/cifar10-jpg: CIFAR-10 as image folders (train/<class>/*, test/<class>/*),
+    # e.g. a cifar10-jpg.tar.xz unpacked there with tar -xJf ARCHIVE -C ~/.cache/lightning-dfl/
     python benchmarks/round_time.py --root ~/.cache/lightning-dfl/cifar10-jpg          # K=10/M=3 and K=100/M=10
     python benchmarks/round_time.py --root ... --settings k10 --rounds 3 --max-train-samples 5000
     python benchmarks/round_time.py --root ... --env MALLOC_MMAP_THRESHOLD_=2000000000 \\

@@ -1,7 +1,7 @@
 """PRISAM (structured pruning, similar-device discovery by mask clustering, group aggregation).
 
-Paper: ``../shared/papers/002_*`` (Sec. III-V, Alg. 1-2, Fig. 4), read with
-``prisam-notes.md`` (its errata and our protocol decisions, cited as "notes N").
+Paper: Chang et al., PRISAM (Sec. III-V, Alg. 1-2, Fig. 4), read with ``docs/prisam.md``
+(its errata and our protocol decisions, cited as "notes N": item N of that page).
 """
 
 from __future__ import annotations
