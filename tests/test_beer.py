@@ -178,7 +178,7 @@ def test_on_the_engine_the_mean_of_v_is_the_mean_gradient_after_every_round(diff
     class Check(Quadratic):
         def publish_fields(self, ctx):  # V^t and X^t of the client that just stepped
             out = super().publish_fields(ctx)
-            v, x = ctx.store.read(ctx.node, "beer/v"), ctx.store.read(ctx.node, kept)
+            v, x = ctx.read("beer/v"), ctx.read(kept)  # the task's staged state, committed when it publishes
             self.state[ctx.node] = {n: (v[n].double().clone(), x[n].double().clone()) for n in names}
             if len(self.state) == 4:  # the round's last client: check the round
                 for n in names:

@@ -370,3 +370,29 @@ def test_evaluate_round_tests_the_model_it_loads():
     trainer = _run(Probe(), rounds=1, density=0.5)
     assert sum(seen) / len(seen) == pytest.approx(trainer.history[-1]["acc/personal_mean"], abs=1e-12)
     assert max(seen) == pytest.approx(trainer.history[-1]["acc/personal_max"], abs=1e-12)
+
+
+# -- staged task writes -------------------------------------------------------------------------
+class _CountingLocal(Local):
+    """Local training that counts its tasks in a private field; client 2 stages an infinite value in
+    round 1 (its weights stay finite)."""
+
+    def state_fields(self):
+        return [StateField("probe/tasks", dtype=torch.float64), StateField("probe/bad", dtype=torch.float64)]
+
+    def local_train(self, ctx):
+        loss = super().local_train(ctx)
+        ctx.write("probe/tasks", ctx.read("probe/tasks") + 1)
+        assert ctx.read("probe/tasks") == ctx.store.read(ctx.node, "probe/tasks") + 1  # staged, not yet in the store
+        if ctx.node == 2 and ctx.round_idx == 1:
+            ctx.write("probe/bad", torch.tensor(float("inf"), dtype=torch.float64))
+        return loss
+
+
+def test_staged_field_writes_are_committed_with_the_update_and_contained_with_it():
+    trainer = _run(_CountingLocal(), rounds=3)
+    store = trainer.store
+    assert [store.read(k, "probe/tasks").item() for k in range(5)] == [3.0, 3.0, 2.0, 3.0, 3.0]
+    assert store.read(2, "probe/bad").item() == 0.0  # the infinite write never reached the store
+    assert trainer.history[1]["faults/nonfinite_clients"] == 1.0  # its task was contained, its sender named
+    assert trainer.history[2]["faults/nonfinite_clients"] == 0.0

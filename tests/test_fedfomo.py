@@ -37,7 +37,7 @@ class Probe(FedFomo):
         self.updates.append(dict(round=ctx.round_idx, node=ctx.node, senders=[m.sender for m in messages],
                                  models=[{n: t.clone() for n, t in m.weights.items()} for m in messages],
                                  weights=ctx.scratch["fedfomo/weights"], before=before,
-                                 after=ctx.store.read(ctx.node, AFFINITY).clone(),
+                                 after=ctx.read(AFFINITY).clone(),  # staged until the node publishes
                                  val=torch.cat([b[0] for b in val]), train=ctx.scratch["fedfomo/train"][0][0]))
         return combined
 

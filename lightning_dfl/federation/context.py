@@ -99,6 +99,18 @@ class TaskContext:
     report: dict[str, float] = field(default_factory=dict)
     #: values the hooks of one task share (e.g. a proximal anchor)
     scratch: dict[str, Any] = field(default_factory=dict)
+    #: the task's writes of its node's private fields (:meth:`write`), committed by the executor when the
+    #: node publishes, and discarded with the rest of the update when the task is contained
+    staged: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, name: str, value: Any) -> None:
+        """Stage a write of the node's field ``name`` (a tensor, a number, or for ``like="weights"``/``"mask"``
+        fields a dict by parameter): the store gets it only if the task's update is finite."""
+        self.staged[name] = value
+
+    def read(self, name: str) -> Any:
+        """The node's field ``name`` as this task sees it: its staged write, else the store's value."""
+        return self.staged[name] if name in self.staged else self.store.read(self.node, name)
 
     @property
     def node(self) -> int:

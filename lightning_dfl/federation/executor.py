@@ -9,7 +9,7 @@ will walk the same :meth:`RoundPlan.levels`.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -143,17 +143,21 @@ class SerialExecutor:
         record.train_samples = batches.samples
         record.flops = record.train_samples * record.flops
         loss = record.loss if record.train_samples > 0 else None  # a task without samples has a NaN loss
-        if not self._finite(loss):  # one read of the device for the weights and the loss together
+        self._stage_optimizer_state(ctx)
+        if not self._finite(loss, ctx.staged):  # one read of the device: weights, loss and staged fields together
             self._contain(ctx, record, accounting, evaluate)
             return
-        self._save_optimizer_state(ctx)
         t.call("on_client_train_end", node)
         if self._changes_after_training() and not self._finite():  # a callback's change (e.g. pruning)
             self._contain(ctx, record, accounting, evaluate)
             return
         if evaluate:  # the model the node publishes (after pruning, if a callback pruned)
             record.acc_trained = algorithm.evaluate(ctx, "trained")
-        store.publish(node, t.worker, module.mask.masks, algorithm.publish_fields(ctx))
+        fields = algorithm.publish_fields(ctx)
+        for name, value in ctx.staged.items():  # the task's private writes, committed with its model
+            store.write(node, name, value)
+        ctx.staged.clear()
+        store.publish(node, t.worker, module.mask.masks, fields)
         search_from = batches.samples
         t.call("on_client_end", node)
         store.set_mask(node, module.mask.masks)
@@ -166,15 +170,27 @@ class SerialExecutor:
 
     # -- faults ----------------------------------------------------------------------------
     @torch.no_grad()
-    def _finite(self, loss: Tensor | float | None = None) -> bool:
+    def _finite(self, loss: Tensor | float | None = None, staged: dict[str, Any] | None = None) -> bool:
         """Whether every worker weight and buffer is finite and within :data:`PUBLISH_BOUND` (and ``loss``,
-        when given, finite): one host synchronisation for all of them. A model that is finite but larger
-        would make its receivers' aggregates overflow: it is contained here, at its sender."""
+        when given, and every floating value of the task's ``staged`` field writes finite; NaN allowed in
+        fields declared with a NaN fill): one host
+        synchronisation for all of them. A model that is finite but larger would make its receivers'
+        aggregates overflow: it is contained here, at its sender."""
         if loss is not None and not isinstance(loss, Tensor) and not math.isfinite(loss):
             return False
         checks = [_within_bound(t) for t in self.state.worker.values() if t.numel()]  # the worker: floating only
         if isinstance(loss, Tensor):
             checks.append(torch.isfinite(loss))
+        specs = getattr(self.state.store, "field_specs", {})
+        for name, value in (staged or {}).items():
+            spec = specs.get(name)  # a field declared with a NaN fill ("not set yet") may hold NaN, never inf
+            allow_nan = spec is not None and isinstance(spec.fill, float) and math.isnan(spec.fill)
+            for part in (value.values() if isinstance(value, dict) else (value,)):
+                if isinstance(part, Tensor) and part.is_floating_point() and part.numel():
+                    ok = ~torch.isinf(part).any() if allow_nan else torch.isfinite(part).all()
+                    checks.append(ok.to(checks[0].device if checks else part.device))
+                elif isinstance(part, float) and (math.isinf(part) or (math.isnan(part) and not allow_nan)):
+                    return False
         return bool(torch.stack(checks).all()) if checks else True
 
     def _changes_after_training(self) -> bool:
@@ -186,6 +202,7 @@ class SerialExecutor:
         keeps its next mask and its kept optimizer state, and the record says so; no neighbour ever
         receives a non-finite value."""
         t, node = self.state, ctx.node
+        ctx.staged.clear()  # the task's field writes go with its update
         own, own_mask = t.store.published(node)
         self.load(own)
         t.module.mask.load_(t.store.mask(node), apply=False)
@@ -217,15 +234,19 @@ class SerialExecutor:
                 state[p][key] = values[name].to(p.device, p.dtype).clone()
 
     @torch.no_grad()
-    def _save_optimizer_state(self, ctx: TaskContext) -> None:
+    def _stage_optimizer_state(self, ctx: TaskContext) -> None:
+        """The kept optimizer state (:attr:`~Algorithm.keep_optimizer_state`) as staged field writes: committed
+        with the task's update, discarded with it."""
         keys = self.state.algorithm.keep_optimizer_state
         if not keys:
             return
         entries = self._optimizer_entries(ctx)
         for key in keys:
-            stored = ctx.store.read(ctx.node, OPTIMIZER_FIELD.format(key))  # views: written in place
-            for name, p in entries:
+            name = OPTIMIZER_FIELD.format(key)
+            values = {n: t.clone() for n, t in ctx.store.read(ctx.node, name).items()}
+            for entry, p in entries:
                 if key in ctx.optimizer.state.get(p, {}):
-                    stored[name].copy_(ctx.optimizer.state[p][key])
-        ctx.store.write(ctx.node, OPTIMIZER_STARTED, True)
+                    values[entry].copy_(ctx.optimizer.state[p][key])
+            ctx.write(name, values)
+        ctx.write(OPTIMIZER_STARTED, True)
 

@@ -225,16 +225,15 @@ class BEER(GossipAlgorithm):
         h_new = {n: h[n] + q[n] for n in names}
         ctx.load_weights({**current, **x_new})
         ctx.module.mask.apply_()
-        # written when the node publishes (a non-finite step is discarded whole, its state kept)
+        # staged: a non-finite step is contained whole, the node's state kept
         kept = x if self.gradient_difference == "same_batch" else grad
-        ctx.scratch["beer/state"] = {"beer/v": v_new, self._previous: kept}
+        ctx.write("beer/v", _full(store.read(node, "beer/v"), v_new))
+        ctx.write(self._previous, _full(store.read(node, self._previous), kept))
         ctx.scratch["beer/published"] = {"beer/h": h_new, "beer/g": g_new, "beer/value_bytes": value_bytes + vb,
                                          "beer/index_bytes": index_bytes + ib, "beer/sent_round": ctx.round_idx}
         return loss
 
     def publish_fields(self, ctx: TaskContext) -> dict:
-        for name, values in ctx.scratch.pop("beer/state", {}).items():
-            ctx.store.write(ctx.node, name, _full(ctx.store.read(ctx.node, name), values))
         published = ctx.scratch.pop("beer/published", {})
         for name in ("beer/h", "beer/g"):
             if name in published:

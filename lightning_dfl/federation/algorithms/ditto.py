@@ -24,11 +24,9 @@ the headline); a sampled client's task also scores its new v_i (``clients.csv``)
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
@@ -117,14 +115,10 @@ class Ditto(FedAvg):
         ctx.scratch["anchor"] = anchor
         self.configure_optimizer(ctx)
         ctx.local_epochs, ctx.local_steps = self.personal_epochs, None
-        personal_loss = train_locally(self, ctx)
+        train_locally(self, ctx)
         ctx.local_epochs, ctx.local_steps = epochs, steps
         del ctx.scratch["anchor"]
-        personal = ctx.worker_weights()
-        if math.isfinite(personal_loss) and all(bool(torch.isfinite(t).all()) for t in personal.values()):
-            ctx.store.write(ctx.node, PERSONAL, personal)
-        else:  # a diverged personal update is discarded (v_i is kept), as the engine does for x_i
-            ctx.report["ditto_personal_nonfinite"] = 1.0
+        ctx.write(PERSONAL, ctx.worker_weights())  # staged: a non-finite v_i is contained with the task's x_i
         ctx.load_weights(shared)
         return loss
 
@@ -143,7 +137,7 @@ class Ditto(FedAvg):
         if stage != "trained":
             return super().evaluate(ctx, stage)
         sent = ctx.worker_weights()
-        ctx.load_weights(ctx.store.read(ctx.node, PERSONAL))
+        ctx.load_weights(ctx.read(PERSONAL))
         acc = super().evaluate(ctx, stage)
         ctx.load_weights(sent)
         return acc

@@ -233,7 +233,7 @@ class FedFomo(Algorithm):
         scale = abs(sum(weights)) if self.affinity_update == "normalized" else 1.0
         for m, w in zip(messages, weights):
             affinity[m.sender] += w / max(scale, 1e-9)
-        ctx.store.write(ctx.node, AFFINITY, affinity)
+        ctx.write(AFFINITY, affinity)  # staged: committed with the task's update
         self._extra_flops += (len(messages) + 1) * sum(len(b[1]) for b in val) * ctx.module.forward_flops()
         self._tasks += 1
         self._positive += sum(w > 0 for w in weights)
