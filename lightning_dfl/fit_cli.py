@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -83,16 +82,13 @@ class FederatedCLI(LightningCLI):
         return trainer
 
     def before_fit(self) -> None:
+        """Hand the trainer the resolved config: it writes ``config.yaml`` into the run folder when the run
+        starts (after set-up and a resume are checked), so a refused run leaves no folder behind."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("ckpt_path"):
-            check_file(config["ckpt_path"])  # before the run folder and its config.yaml are written
-        log_dir = self.trainer.log_dir
-        if log_dir and self.trainer.is_global_zero:
-            getattr(self.trainer.logger, "experiment", None)  # let the logger create its folder first
-            parser = self._parser(self.subcommand)
-            config = self.config[self.subcommand] if self.subcommand else self.config
-            parser.save(config, str(Path(log_dir) / "config.yaml"), skip_none=False, overwrite=True,
-                        multifile=False)
+            check_file(config["ckpt_path"])
+        if hasattr(self.trainer, "run_files"):
+            self.trainer.run_files["config.yaml"] = self._parser(self.subcommand).dump(config, skip_unset=False)
 
     def after_fit(self) -> None:
         summary = self.trainer.summary

@@ -7,6 +7,8 @@ import csv
 import json
 import math
 import numbers
+import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -29,21 +31,63 @@ MB = 1e6
 CLIENTS_CSV = "clients.csv"
 
 
+_VERSION = re.compile(r"version_(\d+)")
+
+
+def claim_version_folder(parent: str | os.PathLike) -> int:
+    """Create ``parent/version_N`` for the next free ``N`` (one above the highest there) and return ``N``.
+
+    The folder is claimed with an atomic ``os.mkdir``: two runs started at once with the same ``parent``
+    never share a folder (the one that loses the race takes the next number).
+    """
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    taken = [int(m[1]) for entry in os.scandir(parent) if entry.is_dir() and (m := _VERSION.fullmatch(entry.name))]
+    version = max(taken, default=-1) + 1
+    while True:
+        try:
+            os.mkdir(parent / f"version_{version}")
+            return version
+        except FileExistsError:
+            version += 1
+
+
+class _ClaimsVersionFolder:
+    """A Lightning logger whose ``version_N`` folder is created atomically when its version is first needed
+    (Lightning's lists the folders, then creates one later: two runs started at once could share it)."""
+
+    root_dir: str
+
+    def _get_next_version(self) -> int:
+        if "://" in str(self.root_dir):  # a remote file system: Lightning's own numbering
+            return super()._get_next_version()  # type: ignore[misc]
+        return claim_version_folder(self.root_dir)
+
+
+class RunCSVLogger(_ClaimsVersionFolder, CSVLogger):
+    """Lightning's CSV logger, its run folder claimed atomically (:func:`claim_version_folder`)."""
+
+
+class RunTensorBoardLogger(_ClaimsVersionFolder, TensorBoardLogger):
+    """Lightning's TensorBoard logger, its run folder claimed atomically (:func:`claim_version_folder`)."""
+
+
 def build_logger(logger: Logger | bool | str | None, root: str, name: str) -> Logger | None:
     """The run's logger: a Lightning ``Logger`` as given, ``True``/``None``/``"csv"`` for a CSV logger,
-    ``"tensorboard"`` for a TensorBoard logger (the ``tensorboard`` extra), ``False`` for none."""
+    ``"tensorboard"`` for a TensorBoard logger (the ``tensorboard`` extra), ``False`` for none. The run
+    folder (``root/name/version_N``) is created when the run first needs it, not here."""
     if logger is False:
         return None
     if isinstance(logger, Logger):
         return logger
     if logger in (True, None, "csv"):
-        return CSVLogger(root, name=name)
+        return RunCSVLogger(root, name=name)
     if logger == "tensorboard":
         try:
             import tensorboard  # noqa: F401
         except ImportError as err:
             raise ValueError("logger='tensorboard' needs TensorBoard: pip install -e '.[tensorboard]'") from err
-        return TensorBoardLogger(root, name=name)
+        return RunTensorBoardLogger(root, name=name)
     raise ValueError(f"logger must be a Lightning Logger, True, False, 'csv' or 'tensorboard', got {logger!r}")
 
 

@@ -221,6 +221,8 @@ class FederatedTrainer:
         self.diag: RunDiagnostics | None = None
         #: the command line that started the run (set by the CLI), for the resume hint
         self.command_line: list[str] | None = None
+        #: files written into the run folder when the run starts (the CLI's ``config.yaml``), by name
+        self.run_files: dict[str, str] = {}
         self.rounds = rounds
         self.local_epochs = local_epochs
         self.local_steps = local_steps
@@ -362,17 +364,25 @@ class FederatedTrainer:
         for callback in self.callbacks:
             callback.setup(self, model, "fit")
         self.reporter = RoundReporter(self.logger, self.is_global_zero)
+
+    def _start_run(self, model: SparseClassifier, datamodule: FederatedDataModule) -> None:
+        """The run starts (set-up and resume checked): its folder is created now, with ``run_files``."""
+        num_clients = datamodule.num_clients
         self.diag = None
         if self.diagnostics is True or (self.diagnostics == "auto" and num_clients <= AUTO_MAX_K):
             parameters = [n for n, _ in model.model.named_parameters()]
-            self.diag = RunDiagnostics(num_clients, num_nodes, self.rounds, self.seed, self.diag_every, parameters,
-                                       self.log_dir if self.is_global_zero else None)
+            self.diag = RunDiagnostics(num_clients, num_clients + self.algorithm.num_servers, self.rounds, self.seed,
+                                       self.diag_every, parameters, self.log_dir if self.is_global_zero else None)
         if self.logger is not None:
             self.logger.log_hyperparams({
                 "algorithm": repr(self.algorithm), "rounds": self.rounds, "local_epochs": self.local_epochs,
                 "seed": self.seed, "num_clients": num_clients, **dict(model.hparams),
                 **{f"data/{k}": v for k, v in datamodule.hparams.items()},
             })
+            if self.log_dir and self.is_global_zero:
+                Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+                for name, text in self.run_files.items():
+                    (Path(self.log_dir) / name).write_text(text)
 
     def _initial_masks(self, model: SparseClassifier, num_clients: int, num_nodes: int) -> Iterator[Masks]:
         """Every node's initial mask in node order: a client's own random one (seeded by its index) with
@@ -421,6 +431,7 @@ class FederatedTrainer:
             check_file(ckpt_path)  # a missing or damaged file fails before any set-up
         self._setup(model, datamodule)
         first_round = load_checkpoint(self, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
+        self._start_run(model, datamodule)
         if first_round:
             self.reporter.replay(self.history, Path(ckpt_path).parent.parent)
         if self.diag is not None:
