@@ -91,6 +91,15 @@ def build_logger(logger: Logger | bool | str | None, root: str, name: str) -> Lo
     raise ValueError(f"logger must be a Lightning Logger, True, False, 'csv' or 'tensorboard', got {logger!r}")
 
 
+#: per kind of headline (``Algorithm.headline``): the metric ``acc/headline`` copies and what it is
+HEADLINES = {
+    "personal": ("acc/personal_mean", "mean personalized accuracy"),
+    "consensus": ("acc/consensus_mean", "shared model's mean accuracy over clients"),
+    "global": ("acc/global", "global model's accuracy, official test split"),
+    "subnetwork": ("acc/subnetwork_mean", "mean subnetwork accuracy (server model x client mask)"),
+}
+
+
 class RoundReporter:
     """Writes each round's metrics to the logger and flushes it (a killed run keeps its
     ``metrics.csv``), and appends per-client rows to ``<log_dir>/clients.csv``."""
@@ -154,10 +163,8 @@ class RoundReporter:
 
     @staticmethod
     def update_best(metrics: dict[str, float], history: list[dict[str, float]], headline: str) -> None:
-        """Add ``acc/headline`` (the personal or consensus mean, or the global model's accuracy on the
-        official test split) and ``acc/best`` so far."""
-        key = {"consensus": "acc/consensus_mean", "global": "acc/global",
-               "subnetwork": "acc/subnetwork_mean"}.get(headline, "acc/personal_mean")
+        """Add ``acc/headline`` (the metric :data:`HEADLINES` names for ``headline``) and ``acc/best`` so far."""
+        key = HEADLINES.get(headline, HEADLINES["personal"])[0]
         if key in metrics:
             metrics["acc/headline"] = metrics[key]
         previous = [m["acc/headline"] for m in history if "acc/headline" in m]
@@ -196,6 +203,10 @@ class RunSummary:
     log_dir: str | None = None
     #: the method as results name it, non-original settings in brackets ("BEER (fresh minibatch)")
     label: str | None = None
+    #: the metric the accuracies are (``acc/personal_mean``, ``acc/global``, ...; see :data:`HEADLINES`)
+    headline_metric: str = HEADLINES["personal"][0]
+    #: what that metric is, as the printed summary names it
+    headline: str = HEADLINES["personal"][1]
 
     @classmethod
     def from_history(cls, algorithm: Any, history: list[dict[str, float]], wall_time_s: float,
@@ -203,6 +214,7 @@ class RunSummary:
         last = history[-1]
         headline = [m["acc/headline"] for m in history if "acc/headline" in m]
         rounds = len(history)
+        metric, described = HEADLINES.get(getattr(algorithm, "headline", "personal"), HEADLINES["personal"])
         return cls(
             algorithm=getattr(algorithm, "name", str(algorithm)),
             rounds=rounds,
@@ -217,6 +229,8 @@ class RunSummary:
             wall_time_s=wall_time_s,
             log_dir=log_dir,
             label=algorithm.label() if hasattr(algorithm, "label") else None,
+            headline_metric=metric,
+            headline=described,
         )
 
     def to_json(self) -> str:
@@ -236,8 +250,8 @@ def print_summary(summary: RunSummary, console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"{summary.label or summary.algorithm}: {summary.rounds} rounds in {summary.wall_time_s:.1f} s",
                   show_header=False)
-    table.add_row("mean personalized accuracy (final)", f"{100 * summary.final_accuracy:.2f} %")
-    table.add_row("best mean accuracy", f"{100 * summary.best_accuracy:.2f} %")
+    table.add_row(f"{summary.headline} (final)", f"{100 * summary.final_accuracy:.2f} %")
+    table.add_row(f"{summary.headline} (best round)", f"{100 * summary.best_accuracy:.2f} %")
     table.add_row("density (mean over clients)", f"{summary.final_density:.4f}")
     table.add_row("training FLOPs per client per round", f"{summary.flops_per_client_round:.3e}")
     table.add_row("training FLOPs, whole run", f"{summary.flops_total:.3e}")
