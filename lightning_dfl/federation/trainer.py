@@ -456,7 +456,7 @@ class FederatedTrainer:
                         save_checkpoint(self, self.checkpoint_path)
                 advance(metrics)
                 if stop.requested and round_idx < self.rounds - 1:
-                    raise self._interrupted(stop.exit_code, f"stopped after round {round_idx}")
+                    raise self._interrupted(stop.exit_code, f"stopped after round {round_idx + 1} of {self.rounds}")
         earlier = sum(m.get("time/wall_round_s", 0.0) for m in self.history[:first_round])
         self.summary = RunSummary.from_history(self.algorithm, self.history, earlier + time.perf_counter() - start,
                                                self.log_dir)
@@ -478,7 +478,7 @@ class FederatedTrainer:
 
     def _abandon(self, exit_code: int) -> Interrupted:
         """A second signal: stop at once; the last checkpoint on disk (if any) resumes."""
-        return self._interrupted(exit_code, f"abandoned round {self.current_round}")
+        return self._interrupted(exit_code, f"abandoned round {self.current_round + 1} of {self.rounds}")
 
     def round_context(self, round_idx: int, excluded: frozenset[int] = frozenset(),
                       durations: tuple[float, ...] | None = None) -> RoundContext:
