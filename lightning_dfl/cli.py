@@ -484,9 +484,30 @@ def _run(args: list[str]) -> None:
         FederatedCLI(args=args, parser_kwargs={"exit_on_error": False, "prog": PROG})
 
 
+def _stdout_closed() -> NoReturn:
+    """The reader of stdout went away (``lightning-dfl --help | head -1``): stop quietly, as Python's
+    documentation advises for SIGPIPE (the rest of the output goes to devnull, exit code 1)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (replaced by a test's capture)
+        pass
+    raise SystemExit(1)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``lightning-dfl`` console script: one line for bad input (exit code 2) and for a
-    diverged run (3); a bug's traceback with where to report it (1)."""
+    diverged run (3); a bug's traceback with where to report it (1); quiet when stdout's reader closed it."""
+    try:
+        try:
+            _main(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        _stdout_closed()
+
+
+def _main(argv: Sequence[str] | None) -> None:
     args, debug = _debug(list(sys.argv[1:] if argv is None else argv))
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
@@ -502,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if debug:
             raise
         _interrupted(err)
+    except BrokenPipeError:
+        raise
     except Exception as err:
         if debug:
             raise

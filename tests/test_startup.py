@@ -57,3 +57,15 @@ def test_the_fit_classes_are_still_reachable_from_the_cli_module():
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     assert MisconfigurationException in cli.user_errors() and MisconfigurationException in cli.USER_ERRORS
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["fit", "--help"], ["schedule", "--num_clients=20", "--neighbors=[3]", "--rounds=50"]])
+def test_a_closed_stdout_ends_quietly(args):
+    """``lightning-dfl --help | head -1``: the reader closes the pipe early; no BrokenPipeError traceback."""
+    child = subprocess.Popen([sys.executable, "-m", "lightning_dfl", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    child.stdout.close()  # before the child, still starting Python, writes anything
+    err = child.stderr.read().decode()
+    child.stderr.close()
+    assert child.wait(timeout=300) in (0, 1)
+    assert err == ""
