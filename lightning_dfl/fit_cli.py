@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from jsonargparse import _optionals as jsonargparse_optionals
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_dfl.cli import PROG, HelpFormatter
@@ -17,6 +18,37 @@ from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.checkpoint_io import check_file
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
+
+
+def _parse_docstring(component: Any, params: bool = False, logger: Any = None) -> Any:
+    """jsonargparse's docstring reader, with the project's conventions: an Args entry naming several parameters
+    (``momentum, weight_decay: ...``) describes each of them, and a class's short description is its first
+    paragraph (docstring_parser keeps only its first line, cutting it mid-sentence)."""
+    import copy
+
+    doc = _jsonargparse_parse_docstring(component, params=params, logger=logger)
+    if doc is None:
+        return None
+    if doc.long_description and doc.short_description and not doc.short_description.rstrip().endswith("."):
+        first, _, rest = doc.long_description.partition("\n\n")
+        doc.short_description = " ".join(f"{doc.short_description} {first}".split())
+        doc.long_description = rest or None
+    split = []
+    for meta in doc.meta:
+        names = [n.strip() for n in getattr(meta, "arg_name", "").split(",")] if meta in doc.params else []
+        if len(names) > 1 and all(n.isidentifier() for n in names):
+            for name in names:
+                one = copy.copy(meta)
+                one.arg_name = name
+                split.append(one)
+        else:
+            split.append(meta)
+    doc.meta = split
+    return doc
+
+
+_jsonargparse_parse_docstring = jsonargparse_optionals.parse_docstring
+jsonargparse_optionals.parse_docstring = _parse_docstring
 
 
 class FederatedArgumentParser(LightningArgumentParser):

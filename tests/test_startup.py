@@ -69,3 +69,15 @@ def test_a_closed_stdout_ends_quietly(args):
     child.stderr.close()
     assert child.wait(timeout=300) in (0, 1)
     assert err == ""
+
+
+def test_fit_help_is_kept_and_then_shown_without_torch(tmp_path, monkeypatch):
+    """The first ``fit --help`` imports torch and Lightning (seconds); the next ones read the kept text."""
+    monkeypatch.setenv("LIGHTNING_DFL_CACHE", str(tmp_path))
+    first, first_run = _probe(["fit", "--help"])
+    second, second_run = _probe(["fit", "--help"])
+    assert first["code"] == second["code"] == 0
+    assert "torch" in first["heavy"] and second["heavy"] == []
+    help_text = first_run.stdout.rsplit("\n{", 1)[0]  # the probe's own last line apart
+    assert second_run.stdout.rsplit("\n{", 1)[0] == help_text and "--trainer.rounds" in help_text
+    assert [p.name for p in (tmp_path / "help").iterdir()] == [next((tmp_path / "help").glob("fit-*.txt")).name]

@@ -79,12 +79,13 @@ class FederatedTrainer:
         local_steps: if set, each client runs exactly this many optimizer steps per round instead of
             ``local_epochs`` epochs (PSFL's local work; passes over the data restart as needed).
         eval_every: evaluate every this many rounds (the last round always).
-        accelerator, precision: passed to ``lightning.fabric.Fabric``.
-        devices, num_nodes, strategy: more than one process in all (``devices x num_nodes``, strategy
-            ``"ddp"`` or ``"auto"``) shards each plan level's tasks across the processes, no gradient
-            all-reduce (:mod:`~lightning_dfl.federation.sharding`); results are those of one process.
-        callbacks: Lightning callbacks; they receive the training hooks and the federated hooks
-            of :mod:`lightning_dfl.callbacks.base`.
+        accelerator: the device type: ``"cpu"``, ``"gpu"``/``"cuda"``, ``"mps"`` or ``"auto"`` (Lightning's).
+        devices: processes per machine (an int); more than one in all shards the clients' tasks across them.
+        precision: Lightning's precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"64-true"``, ...).
+        strategy: ``"auto"``, or ``"ddp"`` with several processes (tasks sharded, no gradient all-reduce).
+        num_nodes: machines; ``devices x num_nodes`` processes in all, whose results are those of one process.
+        callbacks: Lightning callbacks; they receive the training hooks and the federated (round and client)
+            hooks of :mod:`lightning_dfl.callbacks.base`.
         logger: a Lightning logger, ``True``/``None`` for a CSV logger, ``"tensorboard"`` for a
             TensorBoard logger, ``False`` for none.
         default_root_dir: where loggers write (``<root>/<algorithm>/version_N``).
@@ -104,7 +105,7 @@ class FederatedTrainer:
             :mod:`~lightning_dfl.federation.compact_state`).
         enable_progress_bar: show a progress bar over rounds and a summary at the end.
         checkpoint_every: save the federation's state every this many rounds (and after the last)
-            to :attr:`checkpoint_path`; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.
+            to ``<run folder>/checkpoints/last.ckpt``; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.
         cpu_threads: if set, ``torch.set_num_threads(cpu_threads)`` before training. Small models
             train several times faster on one thread than on many (intra-op overhead).
         dropout: each round each client is inactive with this probability (DisPFL App. B.6): it
@@ -424,7 +425,11 @@ class FederatedTrainer:
     # -- the loop -----------------------------------------------------------------------
     def fit(self, model: SparseClassifier, datamodule: FederatedDataModule,
             ckpt_path: str | None = None) -> RunSummary:
-        """Run all rounds (from ``ckpt_path``'s next round when given); return and print the summary."""
+        """Run all rounds (from ``ckpt_path``'s next round when given); return and print the summary.
+
+        Args:
+            ckpt_path: a checkpoint to resume from (``<run folder>/checkpoints/last.ckpt``).
+        """
         if self.tune_allocator:  # before the data and the store are allocated
             tune_allocator()
         if ckpt_path is not None:
