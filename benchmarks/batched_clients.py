@@ -6,7 +6,9 @@ and on a CIFAR-10 subset (``cnn_cifar``, K = 20, M = 4, E = 1, batch 64) when ``
 the unpacked jpg folders. Same seed and data for both paths; the final accuracies are printed
 beside the times (equal up to float rounding).
 
-    python benchmarks/batched_clients.py [--root ~/.cache/lightning-dfl/cifar10-jpg] [--accelerator gpu]
+    python benchmarks/batched_clients.py [--root ~/.cache/lightning-dfl/cifar10-jpg] [--accelerator gpu] [--out DIR]
+
+``--out`` (default ``benchmarks/results``) is the folder of ``batched_clients_{cpu,gpu}.{md,json}``.
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ def run(setting: dict, batched: bool, args) -> dict:
     return {"round_s": statistics.median(walls[1:]), "accuracy": trainer.history[-1]["acc/personal_mean"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", help="unpacked cifar10-jpg folder (adds the CIFAR setting)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--accelerator", default="cpu")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(RESULTS), help="folder of batched_clients_{cpu,gpu}.{md,json} "
+                                                            "(default: benchmarks/results, the committed ones)")
+    args = parser.parse_args(argv)
     settings = {"digits / cnn_digits": {"arch": "cnn_digits", "data": dict(
         dataset="digits", num_clients=20, batch_size=16, test_samples_per_client=45, seed=0)}}
     if args.root:
@@ -66,10 +70,12 @@ def main() -> None:
                      f"{s['accuracy']:.4f} / {b['accuracy']:.4f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    RESULTS.mkdir(exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     suffix = "gpu" if args.accelerator == "gpu" else "cpu"
-    (RESULTS / f"batched_clients_{suffix}.md").write_text(text)
-    (RESULTS / f"batched_clients_{suffix}.json").write_text(json.dumps(rows, indent=1))
+    (out / f"batched_clients_{suffix}.md").write_text(text)
+    (out / f"batched_clients_{suffix}.json").write_text(json.dumps(rows, indent=1))
+    print(f"wrote {out / f'batched_clients_{suffix}.md'} and {out / f'batched_clients_{suffix}.json'}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ seed, rounds and data for both precisions. Images per second = training samples 
 the rounds' wall time (evaluations included, as a user sees it). The CPU's bf16 support is read
 from ``/proc/cpuinfo`` (``avx512_bf16`` or ``amx_bf16``).
 
-    python benchmarks/precision.py --root ~/.cache/lightning-dfl/cifar10-jpg
+    python benchmarks/precision.py --root ~/.cache/lightning-dfl/cifar10-jpg [--out DIR]
+
+``--out`` (default ``benchmarks/results``) is the folder of ``precision.md`` and ``precision.json``.
 """
 
 from __future__ import annotations
@@ -51,14 +53,16 @@ def run(args, precision: str) -> dict:
             "best_accuracy": max(m.get("acc/personal_mean", 0.0) for m in trainer.history)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True)
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--samples", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(RESULTS),
+                        help="folder of precision.md and precision.json (default: benchmarks/results, the committed ones)")
+    args = parser.parse_args(argv)
     rows = [run(args, p) for p in ("32-true", "bf16-mixed")]
     flags = cpu_bf16_flags()
     lines = ["# bf16-mixed against 32-true on the CPU", "",
@@ -73,9 +77,11 @@ def main() -> None:
     lines.append(f"bf16-mixed / 32-true speed: {rows[1]['images_per_s'] / rows[0]['images_per_s']:.2f} x")
     text = "\n".join(lines) + "\n"
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "precision.md").write_text(text)
-    (RESULTS / "precision.json").write_text(json.dumps({"cpu_bf16_flags": flags, "runs": rows}, indent=1))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "precision.md").write_text(text)
+    (out / "precision.json").write_text(json.dumps({"cpu_bf16_flags": flags, "runs": rows}, indent=1))
+    print(f"wrote {out / 'precision.md'} and {out / 'precision.json'}")
 
 
 if __name__ == "__main__":

@@ -446,12 +446,14 @@ def parent(args) -> None:
             f"{loop['accuracy']:.3f} / {ours['accuracy']:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    RESULTS.mkdir(exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     stem = "round_time" if args.device == "cpu" else f"round_time_{args.device}"
-    (RESULTS / f"{stem}.md").write_text(text)
+    (out / f"{stem}.md").write_text(text)
     header = {"date": date, "cpu": cpu, "cpu_flags": flags, "torch": first["torch"], "threads": args.threads,
               "command": sys.argv, "env": args.env, "cold": args.cold}
-    (RESULTS / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    print(f"wrote {out / f'{stem}.md'} and {out / f'{stem}.json'}")
 
 
 def env_pair(text: str) -> tuple[str, str]:
@@ -474,6 +476,7 @@ def main() -> None:
                         help="set an environment variable for both child processes (repeatable)")
     parser.add_argument("--cold", action="store_true",
                         help="decode the JPEGs on both sides (the loop ignores its .npy cache, ours runs cache=False)")
+    parser.add_argument("--out", default=str(RESULTS), help="folder of the results (default: benchmarks/results)")
     parser.add_argument("--child", choices=("ours", "loop"), help=argparse.SUPPRESS)
     parser.add_argument("--setting", choices=list(SETTINGS), help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -72,6 +72,12 @@ def _run_labels(runs: list[str]) -> dict[str, str]:
     return labels
 
 
+#: what ``lightning-dfl cost`` prints: C_total's unit, and the rounds it covers per ``reduce``
+COST_UNITS = ("C_total(theta) = (1 - theta) x time in s + theta x energy in J, per client, {over} "
+              "(one cost unit per second and per joule, the paper's 'USD')")
+COST_REDUCTIONS = {"sum": "summed over the run's rounds", "mean": "mean over rounds", "last": "final round"}
+
+
 def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],  # noqa: B006
          reduce: str = "sum", flops_per_second: float = 80e12, flops_multiplier: float = 5.0,
          compute_power_w: float = 450.0, bandwidth_bps: float = 1e9, network_power_w: float = 1.0,
@@ -103,6 +109,7 @@ def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.insert(0, COST_UNITS.format(over=COST_REDUCTIONS[reduce]))
     for i, a in enumerate(runs):
         for b in runs[i + 1:]:
             crossing = curves[a].crossing(curves[b])

@@ -97,7 +97,10 @@ def _allowed(kind: str) -> list[str]:
 #: documentation names (the last part of a Sphinx role's target) that stand for a list of allowed names
 _ROLE_KINDS = {"DATASETS": "dataset", "PARTITIONERS": "partition", "MODELS": "model", "available_models": "model",
                "TOPOLOGIES": "topology", "ALGORITHMS": "algorithm", "REGROWTH_MODES": "regrowth"}
-_ROLE = re.compile(r"(?P<lead>\b(?:see|one of)\s+)?:(?:py:)?[a-z]+:`(?P<tilde>~?)(?P<target>[^`<]+?)(?:\s*<[^>]*>)?`")
+_ROLE = re.compile(r"(?P<lead>\b(?:see|one of)\s+)?:(?:py:)?(?P<kind>[a-z]+):`(?P<tilde>~?)(?P<target>[^`<]+?)"
+                   r"(?:\s*<[^>]*>)?`")
+#: roles naming the code (a module, a function): references for readers of the source, left out of the help
+_CODE_ROLES = ("mod", "func", "meth")
 
 
 def _option_kind(dest: str) -> str | None:
@@ -115,9 +118,9 @@ def _option_kind(dest: str) -> str | None:
                             "memory_format", "matmul_precision") else None
 
 
-def plain_text(text: str) -> str:
+def plain_text(text: str, code_references: bool = True) -> str:
     """Docstring markup as plain text: a Sphinx role becomes its name (a registry's role the allowed names),
-    a ``literal`` loses its backticks."""
+    a ``literal`` loses its backticks; without ``code_references``, a module's or function's role is left out."""
 
     def role(match: re.Match) -> str:
         target = match["target"].strip()
@@ -127,10 +130,29 @@ def plain_text(text: str) -> str:
             kind = "clock_distribution" if "clock" in target else "distribution"
         if kind is not None:
             return "one of: " + ", ".join(_allowed(kind))
+        if not code_references and match["kind"] in _CODE_ROLES:
+            return "\0"  # removed below, with the punctuation that introduced it
         return (match["lead"] or "") + (name if match["tilde"] else target)
 
     text = _ROLE.sub(role, text)
+    text = re.sub(r"(?:[;,]\s*)?(?:\bsee\s+)?\0", "", text)
+    text = re.sub(r"\(\s*\)", "", re.sub(r"\(\s*[;,]\s*", "(", text))
     return re.sub(r"``([^`]*)``", r"\1", text)
+
+
+def first_sentence(text: str) -> str:
+    """``text`` up to the end of its first sentence (a full stop outside brackets followed by a space)."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += (char in "([{") - (char in ")]}")
+        if char == "." and depth <= 0 and text[i + 1:i + 2] in (" ", "\n") and not text[:i].endswith(("e.g", "i.e")):
+            return text[:i + 1]
+    return text
+
+
+def help_text(text: str) -> str:
+    """A docstring's description as one sentence of plain text (no markup, no references to the code)."""
+    return " ".join(first_sentence(plain_text(text, code_references=False)).split())
 
 
 class HelpFormatter(DefaultHelpFormatter):
@@ -139,14 +161,14 @@ class HelpFormatter(DefaultHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         original = action.help
         if original != argparse.SUPPRESS:
-            text = plain_text(original or "").rstrip()
+            text = help_text(original or "")
             kind = _option_kind(action.dest)
             names = _allowed(kind) if kind else []
             if names and not all(re.search(rf"\b{re.escape(n)}\b", text) for n in names):
                 text = f"{text} Allowed: {', '.join(names)}." if text else f"one of: {', '.join(names)}."
             action.help = text or original
         try:
-            return super()._get_help_string(action)
+            return re.sub(r", known subclasses: [^)]*", "", super()._get_help_string(action) or "")
         finally:
             action.help = original
 
@@ -154,7 +176,7 @@ class HelpFormatter(DefaultHelpFormatter):
         return super()._format_text(plain_text(text))
 
     def start_section(self, heading: str | None) -> None:
-        super().start_section(plain_text(heading) if heading else heading)
+        super().start_section(help_text(heading).rstrip(".:") if heading else heading)
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -467,7 +489,78 @@ def _command_error(first: str) -> NoReturn:
     raise SystemExit(2)
 
 
+#: ``$LIGHTNING_DFL_CACHE`` (the data cache's variable) values that turn caching off
+_CACHE_OFF = ("0", "off", "false", "no", "none", "disable", "disabled")
+
+
+def _help_cache() -> Path | None:
+    """Where ``fit --help`` is kept: ``help/`` in ``$LIGHTNING_DFL_CACHE``, else ``~/.cache/lightning-dfl/help``."""
+    root = os.environ.get("LIGHTNING_DFL_CACHE", "").strip()
+    if root.lower() in _CACHE_OFF and root:
+        return None
+    return Path(root or "~/.cache/lightning-dfl").expanduser() / "help"
+
+
+def _help_key() -> str:
+    """What ``fit --help`` depends on: the project's sources (their sizes and times), the versions of Python,
+    lightning-dfl and the libraries that write the help, and the terminal's width."""
+    import hashlib
+    import shutil
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    digest = hashlib.sha256(f"{sys.version}|{version()}|{shutil.get_terminal_size().columns}".encode())
+    for dist in ("lightning", "jsonargparse", "docstring-parser", "torch", "omegaconf"):
+        try:
+            digest.update(f"|{dist}={dist_version(dist)}".encode())
+        except PackageNotFoundError:
+            digest.update(f"|{dist}=-".encode())
+    for folder in dict.fromkeys(_own_folders()):
+        for path in sorted(Path(folder).rglob("*.py")):
+            stat = path.stat()
+            digest.update(f"|{path}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:32]
+
+
+def _render_fit_help() -> str:
+    import contextlib
+    import io
+
+    from lightning_dfl.fit_cli import FederatedCLI
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        with contextlib.suppress(SystemExit):
+            FederatedCLI(args=["fit", "--help"], parser_kwargs={"exit_on_error": False, "prog": PROG})
+    return buffer.getvalue()
+
+
+def fit_help() -> str:
+    """The text of ``lightning-dfl fit --help``: written once (it imports torch and Lightning, seconds), then
+    read from the cache until a source file, a library or the terminal's width changes."""
+    folder = _help_cache()
+    path = folder / f"fit-{_help_key()}.txt" if folder is not None else None
+    if path is not None and path.is_file():
+        return path.read_text()
+    text = _render_fit_help()
+    if path is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for old in folder.glob("fit-*.txt"):
+                old.unlink(missing_ok=True)
+            temporary = folder / f".{path.name}.{os.getpid()}.tmp"
+            temporary.write_text(text)
+            os.replace(temporary, path)
+        except OSError:  # a read-only or full cache: the help is still printed
+            pass
+    return text
+
+
 def _run(args: list[str]) -> None:
+    if args[0] == "fit" and args[1:] in (["--help"], ["-h"]):
+        sys.stdout.write(fit_help())
+        raise SystemExit(0)  # as argparse's help
     if args[0] == "plot":
         _plot(args[1:])
         return
@@ -484,9 +577,30 @@ def _run(args: list[str]) -> None:
         FederatedCLI(args=args, parser_kwargs={"exit_on_error": False, "prog": PROG})
 
 
+def _stdout_closed() -> NoReturn:
+    """The reader of stdout went away (``lightning-dfl --help | head -1``): stop quietly, as Python's
+    documentation advises for SIGPIPE (the rest of the output goes to devnull, exit code 1)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (replaced by a test's capture)
+        pass
+    raise SystemExit(1)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``lightning-dfl`` console script: one line for bad input (exit code 2) and for a
-    diverged run (3); a bug's traceback with where to report it (1)."""
+    diverged run (3); a bug's traceback with where to report it (1); quiet when stdout's reader closed it."""
+    try:
+        try:
+            _main(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        _stdout_closed()
+
+
+def _main(argv: Sequence[str] | None) -> None:
     args, debug = _debug(list(sys.argv[1:] if argv is None else argv))
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
@@ -502,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if debug:
             raise
         _interrupted(err)
+    except BrokenPipeError:
+        raise
     except Exception as err:
         if debug:
             raise

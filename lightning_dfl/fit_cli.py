@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
+from jsonargparse import _optionals as jsonargparse_optionals
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_dfl.cli import PROG, HelpFormatter
@@ -18,6 +18,37 @@ from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.checkpoint_io import check_file
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
+
+
+def _parse_docstring(component: Any, params: bool = False, logger: Any = None) -> Any:
+    """jsonargparse's docstring reader, with the project's conventions: an Args entry naming several parameters
+    (``momentum, weight_decay: ...``) describes each of them, and a class's short description is its first
+    paragraph (docstring_parser keeps only its first line, cutting it mid-sentence)."""
+    import copy
+
+    doc = _jsonargparse_parse_docstring(component, params=params, logger=logger)
+    if doc is None:
+        return None
+    if doc.long_description and doc.short_description and not doc.short_description.rstrip().endswith("."):
+        first, _, rest = doc.long_description.partition("\n\n")
+        doc.short_description = " ".join(f"{doc.short_description} {first}".split())
+        doc.long_description = rest or None
+    split = []
+    for meta in doc.meta:
+        names = [n.strip() for n in getattr(meta, "arg_name", "").split(",")] if meta in doc.params else []
+        if len(names) > 1 and all(n.isidentifier() for n in names):
+            for name in names:
+                one = copy.copy(meta)
+                one.arg_name = name
+                split.append(one)
+        else:
+            split.append(meta)
+    doc.meta = split
+    return doc
+
+
+_jsonargparse_parse_docstring = jsonargparse_optionals.parse_docstring
+jsonargparse_optionals.parse_docstring = _parse_docstring
 
 
 class FederatedArgumentParser(LightningArgumentParser):
@@ -90,16 +121,13 @@ class FederatedCLI(LightningCLI):
         return trainer
 
     def before_fit(self) -> None:
+        """Hand the trainer the resolved config: it writes ``config.yaml`` into the run folder when the run
+        starts (after set-up and a resume are checked), so a refused run leaves no folder behind."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("ckpt_path"):
-            check_file(config["ckpt_path"])  # before the run folder and its config.yaml are written
-        log_dir = self.trainer.log_dir
-        if log_dir and self.trainer.is_global_zero:
-            getattr(self.trainer.logger, "experiment", None)  # let the logger create its folder first
-            parser = self._parser(self.subcommand)
-            config = self.config[self.subcommand] if self.subcommand else self.config
-            parser.save(config, str(Path(log_dir) / "config.yaml"), skip_none=False, overwrite=True,
-                        multifile=False)
+            check_file(config["ckpt_path"])
+        if hasattr(self.trainer, "run_files"):
+            self.trainer.run_files["config.yaml"] = self._parser(self.subcommand).dump(config, skip_unset=False)
 
     def after_fit(self) -> None:
         summary = self.trainer.summary

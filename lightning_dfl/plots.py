@@ -197,7 +197,7 @@ def plot_cost_curves(curves: Mapping[str, CostCurve], path: str | os.PathLike, t
                         ha=ha, va="bottom", fontsize="small",
                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
             marked = True
-    ax.set(xlabel="θ (weight of energy against time)", ylabel="C_total(θ) in USD: (1 - θ) per s + θ per J",
+    ax.set(xlabel="θ (weight of energy against time)", ylabel="C_total(θ): 1 unit per s of time, per J of energy",
            title=title or "Total cost (1 - θ) C_time + θ C_energy  (DA-DPFL Figs. 3-4)", xlim=(lo, hi))
     top = max(float(max(c.total)) for c in curves.values())
     ax.set_ylim(0.0, 1.15 * top if top > 0 else 1.0)  # headroom for the crossing labels
@@ -379,6 +379,22 @@ def _draw_masks(ax: Any, series: Mapping[str, tuple[list[int], list[float]]]) ->
     ax.grid(alpha=0.3)
 
 
+def _whole_ticks(*axes: Any) -> None:
+    """Ticks at whole numbers only (clients, counts): no 2.5 between clients 2 and 3."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _plain_colorbar(bar: Any) -> None:
+    """A colour bar labelled with plain numbers (2, 5, 20), never as powers (2x10^0)."""
+    from matplotlib.ticker import LogFormatter
+
+    for which in ("major", "minor"):
+        getattr(bar.ax.yaxis, f"set_{which}_formatter")(LogFormatter(labelOnlyBase=False))
+
+
 def _client_order(labels: Sequence[int] | None, groups: Sequence[int | None] | None, k: int) -> list[int]:
     """Clients sorted by group (when the partition has groups), then dominant label, then id."""
     if labels is None or len(labels) != k:
@@ -415,6 +431,8 @@ def _draw_jaccard(ax: Any, fig: Any, data: Mapping[str, Any]) -> None:
         if len(order) <= 30:
             ax.set_xticks(range(len(order)), order, fontsize="x-small")
             ax.set_yticks(range(len(order)), order, fontsize="x-small")
+    if len(order) > 30:
+        _whole_ticks(ax.xaxis, ax.yaxis)
     ax.set(title=title, xlabel="client:dominant label" if data["labels"] is not None else "client",
            ylabel="client")
 
@@ -433,8 +451,11 @@ def _draw_bytes(ax: Any, fig: Any, matrix: Any) -> None:
     positive = mb[mb > 0]
     norm = LogNorm(vmin=positive.min(), vmax=positive.max()) if positive.size and positive.max() > positive.min() else None
     image = ax.imshow(shown, cmap="magma", interpolation="nearest", norm=norm)
-    fig.colorbar(image, ax=ax, shrink=0.8, label="MB (10^6 B)")
+    bar = fig.colorbar(image, ax=ax, shrink=0.8, label="MB (10^6 B)")
+    if norm is not None:
+        _plain_colorbar(bar)
     ax.set(title=f"Bytes sent, run total {mb.sum():.3g} MB", xlabel="receiver", ylabel="sender")
+    _whole_ticks(ax.xaxis, ax.yaxis)
 
 
 def _draw_accuracy(ax: Any, accuracy: Sequence[float] | None) -> None:
@@ -449,6 +470,7 @@ def _draw_accuracy(ax: Any, accuracy: Sequence[float] | None) -> None:
     ax.axvline(values.mean(), color="k", lw=1.5, label=f"mean {values.mean():.1f}")
     ax.axvline(np.percentile(values, 10), color="C3", ls="--", lw=1.5, label=f"p10 {np.percentile(values, 10):.1f}")
     ax.set(xlabel="final accuracy on own test set (%)", ylabel="clients", title="Per-client accuracy")
+    _whole_ticks(ax.yaxis)
     ax.legend(fontsize="small")
 
 

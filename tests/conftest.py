@@ -4,6 +4,8 @@ import torch
 torch.set_num_threads(1)
 
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
@@ -30,3 +32,19 @@ def _decoded_data_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LIGHTNING_DFL_CACHE", str(tmp_path_factory.mktemp("decoded-cache")))
         yield
+
+
+def _run_folders(cwd: Path) -> set[Path]:
+    """The folders under ``cwd/runs`` two levels down (``runs/<algorithm>/version_N``)."""
+    runs = cwd / "runs"
+    return {p for p in runs.glob("*/*") if p.is_dir()} | {runs} if runs.is_dir() else set()
+
+
+@pytest.fixture(autouse=True)
+def _tests_write_no_run_folder_in_the_checkout():
+    """A test writes only into temporary folders: none leaves a run folder in the current directory."""
+    cwd = Path.cwd()
+    before = _run_folders(cwd)
+    yield
+    new = sorted(str(p) for p in _run_folders(cwd) - before)
+    assert not new, f"the test left run folders in the current directory: {new}"

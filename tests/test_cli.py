@@ -44,7 +44,7 @@ def test_bad_values_fail_before_training(tmp_path):
 
 def test_print_config_and_module_entry_point(tmp_path):
     out = subprocess.run([sys.executable, "-m", "lightning_dfl", "fit", "--config", str(CONFIGS / "dispfl_digits.yaml"),
-                          "--print_config"], capture_output=True, text=True, check=True).stdout
+                          "--print_config"], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert "lightning_dfl.federation.algorithms.DisPFL" in out and "num_neighbors: 4" in out
 
 

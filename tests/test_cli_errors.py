@@ -242,12 +242,14 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch, capsys, where):
     assert err.strip().splitlines()[-1].startswith("lightning-dfl: internal error: this is a bug in lightning-dfl")
 
 
-def test_a_real_console_shows_the_line_and_nothing_else():
-    """No warning or log line around the message (in-process tests cannot see import-time output)."""
+def test_a_real_console_shows_the_line_and_nothing_else(tmp_path):
+    """No warning or log line around the message (in-process tests cannot see import-time output), and no run
+    folder in the current directory."""
     result = subprocess.run([sys.executable, "-m", "lightning_dfl", "fit", "--config",
                              str(CONFIGS / "dispfl_digits.yaml"), "--trainer.algorithm.init_args.num_neighbors=50"],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
+    assert list(tmp_path.iterdir()) == []
     assert result.stderr.splitlines() == [
         "lightning-dfl: error: num_neighbors (M) must be < the number of clients (K): got M=50, K=20 "
         "(run with --debug for the traceback)"]

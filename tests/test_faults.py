@@ -234,6 +234,19 @@ def test_a_second_signal_abandons_the_round_at_once(tmp_path):
     assert read_state(info.value.checkpoint)["next_round"] == 1  # the last checkpoint on disk
 
 
+@pytest.mark.parametrize("signals, message", [([signal.SIGINT], "stopped after round 2 of 3"),
+                                             ([signal.SIGINT, signal.SIGINT], "abandoned round 2 of 3")],
+                         ids=["stopped", "abandoned"])
+def test_the_interrupt_message_counts_rounds_as_the_progress_bar(tmp_path, signals, message):
+    """Rounds count from 1 in what the user reads, as in the progress bar's "round 2/3" (metrics.csv from 0)."""
+    model, dm = _parts()
+    trainer = _trainer(DisPFL(num_neighbors=2), rounds=3, callbacks=[SendSignal(signals, round_idx=1)],
+                       default_root_dir=str(tmp_path), checkpoint_every=1)
+    with pytest.raises(Interrupted) as info:
+        trainer.fit(model, dm)
+    assert str(info.value).startswith(message + "; checkpoint ")
+
+
 def test_the_resume_command_replaces_the_checkpoint_option():
     cmd = resume_command("runs/x/last.ckpt", ["lightning-dfl", "fit", "--config", "a b.yaml", "--ckpt_path", "old"])
     assert cmd == "lightning-dfl fit --config 'a b.yaml' --ckpt_path runs/x/last.ckpt"
@@ -283,4 +296,4 @@ def test_a_second_signal_during_the_checkpoint_write_waits_for_the_file_and_name
     assert info.value.exit_code == 130 and written == [1] and len(trainer.history) == 1
     assert read_state(info.value.checkpoint)["next_round"] == 1  # the write completed
     assert "--ckpt_path" in info.value.resume_hint or "ckpt_path=" in info.value.resume_hint
-    assert "stopped after round 0" in str(info.value)
+    assert "stopped after round 1 of 3" in str(info.value)

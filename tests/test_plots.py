@@ -182,3 +182,42 @@ def test_curves_subcommand_errors(tmp_path):
     with pytest.raises(ValueError, match="'acc/headline' column but no round with a value"):
         main(["--debug", "curves", f"--runs=[{empty}]", "--metrics=[acc/headline]", f"--plot={tmp_path / 'c.png'}"])
     assert not (tmp_path / "c.png").exists()
+
+
+# --- units and ticks --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduce, over", [("sum", "summed over the run's rounds"), ("last", "final round")])
+def test_the_cost_table_states_its_units(tmp_path, capsys, reduce, over):
+    run = _run(tmp_path / "dadpfl" / "version_0")
+    main(["cost", f"--runs=[{run}]", "--thetas=[0.0,1.0]", f"--reduce={reduce}"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "time in s" in first and "energy in J" in first and over in first
+
+
+def _visible(ticks, limits):
+    low, high = sorted(limits)
+    return [t for t in ticks if low <= t <= high]
+
+
+def test_diagnostics_heatmaps_tick_whole_clients_and_plain_colour_labels():
+    fig = plots.agg_figure(6.0, 5.0)
+    ax = fig.subplots()
+    matrix = np.random.default_rng(0).uniform(1e6, 3e6, (10, 10))
+    np.fill_diagonal(matrix, 0)
+    plots._draw_bytes(ax, fig, matrix)
+    fig.canvas.draw()
+    for ticks, limits in ((ax.get_xticks(), ax.get_xlim()), (ax.get_yticks(), ax.get_ylim())):
+        visible = _visible(ticks, limits)
+        assert len(visible) >= 3 and all(float(t).is_integer() for t in visible), visible
+    bar = fig.axes[-1]
+    labels = [t.get_text() for t in bar.yaxis.get_majorticklabels() + bar.yaxis.get_minorticklabels()]
+    assert any(labels) and not any("times" in s or "10^" in s for s in labels), labels
+
+
+def test_the_accuracy_histogram_counts_whole_clients():
+    fig = plots.agg_figure(5.0, 4.0)
+    ax = fig.subplots()
+    plots._draw_accuracy(ax, list(np.linspace(0.4, 0.9, 7)))
+    fig.canvas.draw()
+    assert all(float(t).is_integer() for t in _visible(ax.get_yticks(), ax.get_ylim()))

@@ -57,3 +57,27 @@ def test_the_fit_classes_are_still_reachable_from_the_cli_module():
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     assert MisconfigurationException in cli.user_errors() and MisconfigurationException in cli.USER_ERRORS
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["fit", "--help"], ["schedule", "--num_clients=20", "--neighbors=[3]", "--rounds=50"]])
+def test_a_closed_stdout_ends_quietly(args):
+    """``lightning-dfl --help | head -1``: the reader closes the pipe early; no BrokenPipeError traceback."""
+    child = subprocess.Popen([sys.executable, "-m", "lightning_dfl", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    child.stdout.close()  # before the child, still starting Python, writes anything
+    err = child.stderr.read().decode()
+    child.stderr.close()
+    assert child.wait(timeout=300) in (0, 1)
+    assert err == ""
+
+
+def test_fit_help_is_kept_and_then_shown_without_torch(tmp_path, monkeypatch):
+    """The first ``fit --help`` imports torch and Lightning (seconds); the next ones read the kept text."""
+    monkeypatch.setenv("LIGHTNING_DFL_CACHE", str(tmp_path))
+    first, first_run = _probe(["fit", "--help"])
+    second, second_run = _probe(["fit", "--help"])
+    assert first["code"] == second["code"] == 0
+    assert "torch" in first["heavy"] and second["heavy"] == []
+    help_text = first_run.stdout.rsplit("\n{", 1)[0]  # the probe's own last line apart
+    assert second_run.stdout.rsplit("\n{", 1)[0] == help_text and "--trainer.rounds" in help_text
+    assert [p.name for p in (tmp_path / "help").iterdir()] == [next((tmp_path / "help").glob("fit-*.txt")).name]

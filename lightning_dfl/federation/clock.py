@@ -49,6 +49,11 @@ class Clock:
         distribution: ``"fixed"``, ``"uniform"`` (U(low, high)), ``"exponential"`` (mean),
             ``"normal"`` (N(mean, std) resampled until positive) or ``"discrete"`` (uniform over
             ``values``): how each client's base time is drawn, once.
+        low: the least base time of ``"uniform"``.
+        high: the largest base time of ``"uniform"``.
+        mean: the mean base time of ``"exponential"`` and ``"normal"``.
+        std: the standard deviation of ``"normal"``'s base times.
+        values: the base times ``"discrete"`` draws from, each equally likely.
         noise: per-round relative noise ``t_k (1 + noise z)`` (PSFL: 0.2; 0: the base times).
         min_time: floor of every drawn time.
         bandwidth: bytes per time unit on each link (``None``: bytes take no time, only ``latency``).

@@ -7,6 +7,8 @@ import csv
 import json
 import math
 import numbers
+import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -30,22 +32,73 @@ MB = 1e6
 CLIENTS_CSV = "clients.csv"
 
 
+_VERSION = re.compile(r"version_(\d+)")
+
+
+def claim_version_folder(parent: str | os.PathLike) -> int:
+    """Create ``parent/version_N`` for the next free ``N`` (one above the highest there) and return ``N``.
+
+    The folder is claimed with an atomic ``os.mkdir``: two runs started at once with the same ``parent``
+    never share a folder (the one that loses the race takes the next number).
+    """
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    taken = [int(m[1]) for entry in os.scandir(parent) if entry.is_dir() and (m := _VERSION.fullmatch(entry.name))]
+    version = max(taken, default=-1) + 1
+    while True:
+        try:
+            os.mkdir(parent / f"version_{version}")
+            return version
+        except FileExistsError:
+            version += 1
+
+
+class _ClaimsVersionFolder:
+    """A Lightning logger whose ``version_N`` folder is created atomically when its version is first needed
+    (Lightning's lists the folders, then creates one later: two runs started at once could share it)."""
+
+    root_dir: str
+
+    def _get_next_version(self) -> int:
+        if "://" in str(self.root_dir):  # a remote file system: Lightning's own numbering
+            return super()._get_next_version()  # type: ignore[misc]
+        return claim_version_folder(self.root_dir)
+
+
+class RunCSVLogger(_ClaimsVersionFolder, CSVLogger):
+    """Lightning's CSV logger, its run folder claimed atomically (:func:`claim_version_folder`)."""
+
+
+class RunTensorBoardLogger(_ClaimsVersionFolder, TensorBoardLogger):
+    """Lightning's TensorBoard logger, its run folder claimed atomically (:func:`claim_version_folder`)."""
+
+
 def build_logger(logger: Logger | bool | str | None, root: str, name: str) -> Logger | None:
     """The run's logger: a Lightning ``Logger`` as given, ``True``/``None``/``"csv"`` for a CSV logger,
-    ``"tensorboard"`` for a TensorBoard logger (the ``tensorboard`` extra), ``False`` for none."""
+    ``"tensorboard"`` for a TensorBoard logger (the ``tensorboard`` extra), ``False`` for none. The run
+    folder (``root/name/version_N``) is created when the run first needs it, not here."""
     if logger is False:
         return None
     if isinstance(logger, Logger):
         return logger
     if logger in (True, None, "csv"):
-        return CSVLogger(root, name=name)
+        return RunCSVLogger(root, name=name)
     if logger == "tensorboard":
         try:
             import tensorboard  # noqa: F401
         except ImportError as err:
             raise ValueError("logger='tensorboard' needs TensorBoard: pip install -e '.[tensorboard]'") from err
-        return TensorBoardLogger(root, name=name)
+        return RunTensorBoardLogger(root, name=name)
     raise ValueError(f"logger must be a Lightning Logger, True, False, 'csv' or 'tensorboard', got {logger!r}")
+
+
+#: per kind of headline (``Algorithm.headline``): the metric ``acc/headline`` copies and what it is
+HEADLINES = {
+    "personal": ("acc/personal_mean", "mean personalized accuracy"),
+    "consensus": ("acc/consensus_mean", "shared model's mean accuracy over clients"),
+    "global": ("acc/global", "global model's accuracy, official test split"),
+    "subnetwork": ("acc/subnetwork_mean", "mean subnetwork accuracy (server model x client mask)"),
+}
 
 
 class RoundReporter:
@@ -133,10 +186,8 @@ class RoundReporter:
 
     @staticmethod
     def update_best(metrics: dict[str, float], history: list[dict[str, float]], headline: str) -> None:
-        """Add ``acc/headline`` (the personal or consensus mean, or the global model's accuracy on the
-        official test split) and ``acc/best`` so far."""
-        key = {"consensus": "acc/consensus_mean", "global": "acc/global",
-               "subnetwork": "acc/subnetwork_mean"}.get(headline, "acc/personal_mean")
+        """Add ``acc/headline`` (the metric :data:`HEADLINES` names for ``headline``) and ``acc/best`` so far."""
+        key = HEADLINES.get(headline, HEADLINES["personal"])[0]
         if key in metrics:
             metrics["acc/headline"] = metrics[key]
         previous = [m["acc/headline"] for m in history if "acc/headline" in m]
@@ -175,6 +226,10 @@ class RunSummary:
     log_dir: str | None = None
     #: the method as results name it, non-original settings in brackets ("BEER (fresh minibatch)")
     label: str | None = None
+    #: the metric the accuracies are (``acc/personal_mean``, ``acc/global``, ...; see :data:`HEADLINES`)
+    headline_metric: str = HEADLINES["personal"][0]
+    #: what that metric is, as the printed summary names it
+    headline: str = HEADLINES["personal"][1]
 
     @classmethod
     def from_history(cls, algorithm: Any, history: list[dict[str, float]], wall_time_s: float,
@@ -182,6 +237,7 @@ class RunSummary:
         last = history[-1]
         headline = [m["acc/headline"] for m in history if "acc/headline" in m]
         rounds = len(history)
+        metric, described = HEADLINES.get(getattr(algorithm, "headline", "personal"), HEADLINES["personal"])
         return cls(
             algorithm=getattr(algorithm, "name", str(algorithm)),
             rounds=rounds,
@@ -196,6 +252,8 @@ class RunSummary:
             wall_time_s=wall_time_s,
             log_dir=log_dir,
             label=algorithm.label() if hasattr(algorithm, "label") else None,
+            headline_metric=metric,
+            headline=described,
         )
 
     def to_json(self) -> str:
@@ -215,8 +273,8 @@ def print_summary(summary: RunSummary, console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"{summary.label or summary.algorithm}: {summary.rounds} rounds in {summary.wall_time_s:.1f} s",
                   show_header=False)
-    table.add_row("mean personalized accuracy (final)", f"{100 * summary.final_accuracy:.2f} %")
-    table.add_row("best mean accuracy", f"{100 * summary.best_accuracy:.2f} %")
+    table.add_row(f"{summary.headline} (final)", f"{100 * summary.final_accuracy:.2f} %")
+    table.add_row(f"{summary.headline} (best round)", f"{100 * summary.best_accuracy:.2f} %")
     table.add_row("density (mean over clients)", f"{summary.final_density:.4f}")
     table.add_row("training FLOPs per client per round", f"{summary.flops_per_client_round:.3e}")
     table.add_row("training FLOPs, whole run", f"{summary.flops_total:.3e}")

@@ -82,12 +82,13 @@ class FederatedTrainer:
             ``local_epochs`` epochs (PSFL's local work; passes over the data restart as needed). Setting
             both is refused: set the other to ``None``.
         eval_every: evaluate every this many rounds (the last round always).
-        accelerator, precision: passed to ``lightning.fabric.Fabric``.
-        devices, num_nodes, strategy: more than one process in all (``devices x num_nodes``, strategy
-            ``"ddp"`` or ``"auto"``) shards each plan level's tasks across the processes, no gradient
-            all-reduce (:mod:`~lightning_dfl.federation.sharding`); results are those of one process.
-        callbacks: Lightning callbacks; they receive the training hooks and the federated hooks
-            of :mod:`lightning_dfl.callbacks.base`.
+        accelerator: the device type: ``"cpu"``, ``"gpu"``/``"cuda"``, ``"mps"`` or ``"auto"`` (Lightning's).
+        devices: processes per machine (an int); more than one in all shards the clients' tasks across them.
+        precision: Lightning's precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"64-true"``, ...).
+        strategy: ``"auto"``, or ``"ddp"`` with several processes (tasks sharded, no gradient all-reduce).
+        num_nodes: machines; ``devices x num_nodes`` processes in all, whose results are those of one process.
+        callbacks: Lightning callbacks; they receive the training hooks and the federated (round and client)
+            hooks of :mod:`lightning_dfl.callbacks.base`.
         logger: a Lightning logger, ``True``/``None`` for a CSV logger, ``"tensorboard"`` for a
             TensorBoard logger, ``False`` for none.
         default_root_dir: where loggers write (``<root>/<algorithm>/version_N``).
@@ -107,7 +108,7 @@ class FederatedTrainer:
             :mod:`~lightning_dfl.federation.compact_state`).
         enable_progress_bar: show a progress bar over rounds and a summary at the end.
         checkpoint_every: save the federation's state every this many rounds (and after the last)
-            to :attr:`checkpoint_path`; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.
+            to ``<run folder>/checkpoints/last.ckpt``; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.
         cpu_threads: if set, ``torch.set_num_threads(cpu_threads)`` before training. Small models
             train several times faster on one thread than on many (intra-op overhead).
         dropout: each round each client is inactive with this probability (DisPFL App. B.6): it
@@ -227,6 +228,8 @@ class FederatedTrainer:
         self.diag: RunDiagnostics | None = None
         #: the command line that started the run (set by the CLI), for the resume hint
         self.command_line: list[str] | None = None
+        #: files written into the run folder when the run starts (the CLI's ``config.yaml``), by name
+        self.run_files: dict[str, str] = {}
         self.rounds = rounds
         self.local_epochs = local_epochs
         self.local_steps = local_steps
@@ -379,18 +382,13 @@ class FederatedTrainer:
         for node, mask in enumerate(self._initial_masks(model, num_clients, num_nodes)):
             self.store.initialize(node, self.worker, mask)
         self.sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
-        self.diag = None
-        if self.diagnostics is True or (self.diagnostics == "auto" and num_clients <= AUTO_MAX_K):
-            parameters = [n for n, _ in model.model.named_parameters()]
-            self.diag = RunDiagnostics(num_clients, num_nodes, self.rounds, self.seed, self.diag_every, parameters,
-                                       self.log_dir if self.is_global_zero else None)
         self.state = FederationState(
             algorithm=self.algorithm, callbacks=self.callbacks, call=HookDispatch(self, self.callbacks, model),
             module=model, optimizer=self.optimizer, fabric=self.fabric, datamodule=datamodule, store=self.store,
             clock=self.clock, worker=self.worker, seed=self.seed, rounds=self.rounds, num_clients=num_clients,
             local_epochs=self.local_epochs, local_steps=self.local_steps, eval_every=self.eval_every,
             checkpoint_every=self.checkpoint_every, precision=self.precision, convert_input=self.convert_input,
-            diag=self.diag, history=self.history, result_settings={
+            history=self.history, result_settings={
                 "dropout": self.dropout, "deadline": self.deadline, "batched_clients": self.batched_clients,
                 "memory_format": self.memory_format, "matmul_precision": self.matmul_precision,
                 "accelerator": self.fabric.device.type})
@@ -399,12 +397,26 @@ class FederatedTrainer:
         for callback in self.callbacks:
             callback.setup(self, model, "fit")
         self.reporter = RoundReporter(self.logger, self.is_global_zero)
+
+    def _start_run(self, model: SparseClassifier, datamodule: FederatedDataModule) -> None:
+        """The run starts (set-up and resume checked): its folder is created now, with ``run_files``."""
+        num_clients = datamodule.num_clients
+        self.diag = None
+        if self.diagnostics is True or (self.diagnostics == "auto" and num_clients <= AUTO_MAX_K):
+            parameters = [n for n, _ in model.model.named_parameters()]
+            self.diag = RunDiagnostics(num_clients, num_clients + self.algorithm.num_servers, self.rounds, self.seed,
+                                       self.diag_every, parameters, self.log_dir if self.is_global_zero else None)
+        self.state.diag = self.diag  # the diagnostics hear every transfer
         if self.logger is not None:
             self.logger.log_hyperparams({
                 "algorithm": repr(self.algorithm), "rounds": self.rounds, "local_epochs": self.local_epochs,
                 "seed": self.seed, "num_clients": num_clients, **dict(model.hparams),
                 **{f"data/{k}": v for k, v in datamodule.hparams.items()},
             })
+            if self.log_dir and self.is_global_zero:
+                Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+                for name, text in self.run_files.items():
+                    (Path(self.log_dir) / name).write_text(text)
 
     def _make_executor(self, state: FederationState) -> SerialExecutor:
         """The executor the settings ask for: ``executor_factory``'s, sharded (processes), batched, or serial."""
@@ -454,7 +466,11 @@ class FederatedTrainer:
     # -- the loop -----------------------------------------------------------------------
     def fit(self, model: SparseClassifier, datamodule: FederatedDataModule,
             ckpt_path: str | None = None) -> RunSummary:
-        """Run all rounds (from ``ckpt_path``'s next round when given); return and print the summary."""
+        """Run all rounds (from ``ckpt_path``'s next round when given); return and print the summary.
+
+        Args:
+            ckpt_path: a checkpoint to resume from (``<run folder>/checkpoints/last.ckpt``).
+        """
         if self.tune_allocator:  # before the data and the store are allocated
             tune_allocator()
         if ckpt_path is not None:
@@ -464,6 +480,7 @@ class FederatedTrainer:
                              "(--ckpt_path) or remove resume_allow")
         self._setup(model, datamodule)
         first_round = load_checkpoint(self.state, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
+        self._start_run(model, datamodule)
         if first_round:
             self.reporter.replay(self.history, Path(ckpt_path).parent.parent)
         if self.diag is not None:
@@ -485,12 +502,12 @@ class FederatedTrainer:
                 if stop.requested or (self.checkpoint_every and ((round_idx + 1) % self.checkpoint_every == 0
                                                                  or round_idx == self.rounds - 1)):
                     if self.is_global_zero:  # every process holds the same state
-                        done = f"stopped after round {round_idx}"  # a second signal waits for the complete file
+                        done = f"stopped after round {round_idx + 1} of {self.rounds}"  # a second signal waits for the file
                         with stop.hold(lambda code, done=done: self._interrupted(code, done)):
                             save_checkpoint(self.state, self.checkpoint_path)
                 advance(metrics)
                 if stop.requested and round_idx < self.rounds - 1:
-                    raise self._interrupted(stop.exit_code, f"stopped after round {round_idx}")
+                    raise self._interrupted(stop.exit_code, f"stopped after round {round_idx + 1} of {self.rounds}")
         earlier = sum(m.get("time/wall_round_s", 0.0) for m in self.history[:first_round])
         self.summary = RunSummary.from_history(self.algorithm, self.history, earlier + time.perf_counter() - start,
                                                self.log_dir)
@@ -513,7 +530,7 @@ class FederatedTrainer:
 
     def _abandon(self, exit_code: int) -> Interrupted:
         """A second signal: stop at once; the last checkpoint on disk (if any) resumes."""
-        return self._interrupted(exit_code, f"abandoned round {self.current_round}")
+        return self._interrupted(exit_code, f"abandoned round {self.current_round + 1} of {self.rounds}")
 
     def round_context(self, round_idx: int, excluded: frozenset[int] = frozenset(),
                       durations: tuple[float, ...] | None = None) -> RoundContext:

@@ -14,7 +14,9 @@ from lightning_dfl.sparse.rigl import REGROWTH_MODES
 
 
 class DADPFL(GossipAlgorithm):
-    """DA-DPFL (Alg. 1): each round one random reuse permutation orders the clients; client k
+    """DA-DPFL (Alg. 1): dynamic aggregation over a reuse order, with pruning-time voting and PQI pruning.
+
+    Each round one random reuse permutation orders the clients; client k
     waits for at most ``max_wait`` (N) of its prior neighbours, the N that finish earliest, and
     aggregates the models they trained in this round with the start-of-round models of its other
     neighbours (Eq. 7). After E local epochs it votes on the pruning time (Eq. 4-5), prunes by the
@@ -25,11 +27,22 @@ class DADPFL(GossipAlgorithm):
     sequential FL.
 
     Args:
-        num_neighbors: M. topology: see ``lightning_dfl.federation.topology``.
+        num_neighbors: M, the neighbours each client aggregates per round.
+        topology: how neighbours are drawn.
         max_wait: N, at most this many prior neighbours are waited for.
-        drop_fraction, regrowth, gradient_batches: RigL's settings (Alg. 3).
-        delta_pr, delta_v, b, c: pruning-time detection (Eq. 4-6).
-        target_sparsity, p, q, eta_c, gamma, beta: PQI pruning (Alg. 2; papers README defaults).
+        drop_fraction: RigL's initial drop fraction alpha_0 of the cosine schedule (Alg. 3), in [0, 1].
+        regrowth: how RigL regrows weights: by gradient magnitude or at random (Alg. 3).
+        gradient_batches: batches whose dense gradient scores RigL's regrowth.
+        delta_pr: pruning threshold of Eq. 5, > 0 (the papers use 0.01-0.03).
+        delta_v: voting threshold, the share of stable votes that decides the pruning time, in (0, 1].
+        b: delay of the first pruning round (Eq. 6), >= 0.
+        c: scale of the pruning frequency (Eq. 6), > 0; with c > 1 pruning intensifies.
+        target_sparsity: s*, the share of zeros over the masked set PQI pruning reaches, in [0, 1).
+        p: lower norm index of the PQ index, 0 < p < q (Alg. 2).
+        q: upper norm index of the PQ index, q >= 1 (Alg. 2).
+        eta_c: PQI's compression hyper-parameter, >= 0 (Alg. 2).
+        gamma: PQI's scaling factor, >= 0 (Alg. 2).
+        beta: the largest share of a layer's active weights one pruning event may remove, in [0, 1].
     """
 
     name = "dadpfl"

@@ -67,7 +67,13 @@ class DPSGD(GossipAlgorithm):
     """D-PSGD (Lian et al., 2017): uniform average of itself and its neighbours' models, then local
     epochs. All clients share one mask (dense unless the module's density is below 1). Its shared
     model, tested on every client, is the average of all clients' models; ``headline="personal"``
-    reports each client's own model instead (PRISAM's "FedAvg" baseline, prisam-notes 13)."""
+    reports each client's own model instead (PRISAM's "FedAvg" baseline, prisam-notes 13).
+
+    Args:
+        num_neighbors: M, the neighbours each client averages with per round.
+        topology: how neighbours are drawn.
+        headline: the reported accuracy: "consensus" (the average model) or "personal" (each client's own).
+    """
 
     name = "dpsgd"
     shardable = True  # no state changes inside tasks

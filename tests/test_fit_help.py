@@ -1,0 +1,68 @@
+"""``lightning-dfl fit --help`` (and a class's ``--*.help``): every option described, nothing internal."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+
+from lightning_dfl.cli import main
+from lightning_dfl.federation.algorithms import ALGORITHMS
+
+#: what the help once showed that a user cannot act on: code names, options that do not exist, class lists
+INTERNAL = ("known subclasses", "compact_state", "checkpoint_path", "resolve_store_device", "lightning_dfl.",
+            "lightning.pytorch.callbacks", "callbacks.base", "store_memory", "sharding", ":mod:", ":func:", "``")
+
+
+def _help(*args: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as info:
+        main(list(args))
+    assert info.value.code == 0
+    return out.getvalue()
+
+
+def options(text: str) -> list[tuple[str, str]]:
+    """``(option, description)`` of every option in a help text, the description without its type."""
+    found: list[list[str]] = []
+    current = None
+    for line in text.splitlines():
+        match = re.match(r"^  (-[-\w.+]+)(?: \S+)?(?:, -[-\w.+]+(?: \S+)?)*(?:\s{2,}(.*))?$", line)
+        if match:
+            current = [match[1], match[2] or ""]
+            found.append(current)
+        elif current is not None and line.startswith(" " * 6):
+            current[1] += " " + line.strip()
+        else:
+            current = None
+    return [(option, description.split("(type:")[0].strip()) for option, description in found]
+
+
+HELPS = [["fit", "--help"], *(["fit", f"--trainer.algorithm.help={cls.__name__}"] for cls in ALGORITHMS.values()),
+         ["fit", "--trainer.clock.help=Clock"],
+         *(["fit", f"--trainer.callbacks.help={name}"] for name in ("RigL", "PruningTimeVoting", "PQIPruning"))]
+
+
+@pytest.mark.parametrize("args", HELPS, ids=[a[-1].rpartition("=")[2] for a in HELPS])
+def test_every_option_is_described(args):
+    text = _help(*args)
+    described = options(text)
+    assert len(described) >= (70 if args[-1] == "--help" else 0)  # Local takes no option
+    assert [option for option, description in described if not description] == []
+
+
+def test_fit_help_names_nothing_internal():
+    text = _help("fit", "--help")
+    for name in INTERNAL:
+        assert name not in text, name
+    assert len(text.splitlines()) < 380
+
+
+@pytest.mark.parametrize("name", [cls.__name__ for cls in ALGORITHMS.values() if cls.__name__ != "Local"])
+def test_an_algorithm_is_introduced_by_a_whole_sentence(name):
+    """The heading of an algorithm's options (Local has none) is a whole sentence, not a first line."""
+    text = _help("fit", f"--trainer.algorithm.help={name}")
+    heading = next(line for line in text.splitlines() if line.endswith(":") and not line.startswith(" "))
+    assert not re.search(r"\b(client k|and|or|the|of|a)$", heading.rstrip(":")), heading
