@@ -13,16 +13,14 @@ from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import BEER, DADPFL, PRISAM, PSFL, DFedAvgM, DFedSAM, DisPFL, GossipFL
 from lightning_dfl.federation.checkpoint_io import read_state
-from lightning_dfl.federation.compact_state import (
-    STORE_KINDS,
-    CompactClientStore,
+from lightning_dfl.federation.compact_records import (
     _pack_torch,
     _unpack_torch,
-    check_store_kind,
     checkpoint_weights,
     pack_bits,
     unpack_bits,
 )
+from lightning_dfl.federation.compact_state import STORE_KINDS, CompactClientStore, check_store_kind
 from lightning_dfl.federation.diagnostics import (
     consensus_distances,
     flip_fractions,
@@ -31,8 +29,8 @@ from lightning_dfl.federation.diagnostics import (
     packed_masks,
     popcount,
 )
-from lightning_dfl.federation.plan import RoundPlan, Source, StartReads, Task
-from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.state import ClientStore, StartReads, StateField
 from lightning_dfl.federation.store_memory import check_store_fits, compact_store_bytes, dense_store_bytes
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
@@ -217,11 +215,14 @@ def test_diagnostics_read_the_compact_store_like_the_dense_one():
         store.end_round()
     assert compact.records[2]["neg"]
     assert consensus_distances(dense, clients, names, pairs) == consensus_distances(compact, clients, names, pairs)
-    rows = dense.slot * 7 + torch.arange(7)  # each node's current slot
-    for name in MASKED:
-        block_d = dense.weights[name].reshape(14, -1)[:, 8:72].index_select(0, rows)
-        block_c = compact.weights[name].reshape(14, -1)[:, 8:72].index_select(0, rows)
-        assert_bitwise(block_d, block_c, name)
+    for name in MASKED:  # column blocks on and off byte boundaries, weights and masks
+        for step in (24, 64):
+            for mask in (False, True):
+                blocks_d = list(dense.column_blocks(clients, name, mask, step))
+                blocks_c = list(compact.column_blocks(clients, name, mask, step))
+                assert [s for s, _ in blocks_d] == [s for s, _ in blocks_c] and len(blocks_d) > 1
+                for (_, block_d), (_, block_c) in zip(blocks_d, blocks_c):
+                    assert_bitwise(block_d, block_c, name)
 
 
 def test_errors_match_the_dense_store():
@@ -369,7 +370,7 @@ def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():
             store.initialize(node, weights, masks)
     one_record = compact.nbytes() / k
     plan = _ring(k)
-    reads = StartReads(plan, compact.release_start)
+    compact.begin_round(plan)  # the store follows the plan's reads of start-of-round models
     peak, freed = 0, []
     for task in plan.order():
         sources = [(s.node, s.fresh) for s in task.sources]
@@ -377,12 +378,12 @@ def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():
         for n in wd:
             for a, b in zip(wd[n], wc[n]):
                 assert_bitwise(a, b)
-        reads.started(task)
+        compact.task_started(task)
         weights, masks = _model(gen, negative_zeros=False)
         for store in (dense, compact):
             store.publish(task.node, weights, masks)
         peak = max(peak, compact.nbytes())
-        reads.finished(task)
+        compact.task_finished(task)
         freed.append(sum(r is None for r in compact.records))
     assert freed == [0, 0, 1, 2, 3, 4, 5, 8]  # node n - 1 freed once task n + 1 read it
     assert peak < (k + 3.5) * one_record  # the dense store's semantics hold 2 k models at the end

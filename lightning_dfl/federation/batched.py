@@ -134,17 +134,17 @@ class BatchedExecutor(SerialExecutor):
         accounting = accounting if accounting is not None else RoundAccounting(
             plan.round_idx, observer=self.state.diag)
         t = self.state
-        reads = self.start_reads(plan)
+        self.begin_round(plan)
+        store = t.store
         for level in plan.levels():
             started = []
             for task in level:
                 begun = self.start_task(task, accounting, evaluate, exchange)
-                if reads is not None:
-                    reads.started(task)
+                store.task_started(task)
                 if begun is not None:
                     started.append(self._capture(*begun))
-                elif reads is not None:  # a server's task: done
-                    reads.finished(task)
+                else:  # a server's task: done
+                    store.task_finished(task)
             losses, weights = self._train_together(started) if started else ([], [])
             for item, loss, trained in zip(started, losses, weights):
                 t.current_client = item.ctx.node
@@ -153,8 +153,7 @@ class BatchedExecutor(SerialExecutor):
                 t.train_dataloader = item.ctx.train_batches
                 item.record.loss = loss
                 self.finish_task(item.ctx, item.record, accounting, evaluate)
-                if reads is not None:
-                    reads.finished(item.ctx.task)
+                store.task_finished(item.ctx.task)
         t.current_client = None
         return accounting
 

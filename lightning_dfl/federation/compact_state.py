@@ -40,20 +40,30 @@ this store exists to save.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_dfl.federation.compact_records import (
+    FORMAT,
+    INT_VIEWS,
+    bit_range,
+    count_before,
+    pack_bits,
+    scatter_,
+    select,
+    signed_zeros,
+    unpack_bits,
+)
 from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.sparse.masks import Masks, zero_inactive_
 from lightning_dfl.transfers import copy_all_
 
 #: the client store backends of ``FederatedTrainer(store=...)``
 STORE_KINDS = ("dense", "compact")
-FORMAT = "compact"
 
 
 def check_store_kind(value: Any) -> str:
@@ -68,75 +78,6 @@ def store_class(kind: str) -> type[ClientStore]:
 
 
 # -- bits -------------------------------------------------------------------------------------------
-
-
-def pack_bits(bits: Tensor) -> Tensor:
-    """A bool tensor as ``ceil(numel / 8)`` uint8, flattened, little-endian within a byte (numpy's
-    ``packbits(..., bitorder="little")``); on the tensor's device."""
-    flat = bits.reshape(-1)
-    if flat.dtype != torch.bool:
-        flat = flat.bool()
-    if flat.device.type == "cpu":
-        return torch.from_numpy(np.packbits(flat.contiguous().numpy(), bitorder="little"))
-    return _pack_torch(flat)
-
-
-def _pack_torch(flat: Tensor) -> Tensor:
-    """:func:`pack_bits` with torch operations (any device)."""
-    pad = (-flat.numel()) % 8
-    b = flat.view(torch.uint8)
-    if pad:
-        b = torch.nn.functional.pad(b, (0, pad))
-    b = b.view(-1, 8)
-    out = b[:, 0].clone()
-    for i in range(1, 8):
-        out |= b[:, i] << i
-    return out
-
-
-def unpack_bits(packed: Tensor, count: int) -> Tensor:
-    """The first ``count`` bits of :func:`pack_bits`'s output as a flat bool tensor (a new tensor)."""
-    if packed.device.type == "cpu":
-        return torch.from_numpy(np.unpackbits(packed.numpy(), count=count, bitorder="little")).view(torch.bool)
-    return _unpack_torch(packed, count)
-
-
-def _unpack_torch(packed: Tensor, count: int) -> Tensor:
-    """:func:`unpack_bits` with torch operations (any device)."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    return ((packed.unsqueeze(1) >> shifts) & 1).reshape(-1)[:count].view(torch.bool)
-
-
-_INTS = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
-_TORCH_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _raw(t: Tensor) -> np.ndarray:
-    """A CPU tensor's memory as a numpy integer array of its item size (bit-exact, any dtype)."""
-    return t.view(_TORCH_INTS[t.element_size()]).numpy()
-
-
-def select(values: Tensor, mask: Tensor) -> Tensor:
-    """``values.masked_select(mask)`` for flat tensors (numpy's ``compress`` on a CPU: several times faster)."""
-    if values.device.type != "cpu":
-        return values.masked_select(mask)
-    return torch.from_numpy(np.compress(mask.numpy(), _raw(values))).view(values.dtype)
-
-
-def scatter_(out: Tensor, mask: Tensor, values: Tensor) -> Tensor:
-    """``out.masked_scatter_(mask, values)`` for flat tensors (by indices on a CPU: several times faster)."""
-    if out.device.type != "cpu":
-        return out.masked_scatter_(mask, values)
-    _raw(out)[np.flatnonzero(mask.numpy())] = _raw(values)
-    return out
-
-
-def signed_zeros(negative: Tensor, dtype: torch.dtype) -> Tensor:
-    """Zeros of a floating ``dtype``, ``-0.0`` (the sign bit alone) where ``negative`` is set."""
-    if negative.device.type != "cpu":
-        return torch.zeros(negative.shape, dtype=dtype, device=negative.device).masked_fill_(negative, -0.0)
-    size = torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(negative.numpy().astype(_INTS[size]) << (8 * size - 1)).view(dtype)
 
 
 def _storages(tensors: Iterable[Tensor]) -> int:
@@ -168,62 +109,6 @@ def release_heap() -> None:
     by about the temporaries of every write (tens of MB per ResNet18 model) although the store is small."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
-
-
-_POPCOUNT = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
-
-
-def _bit_range(packed: Tensor, start: int, stop: int) -> Tensor:
-    """Bits ``[start, stop)`` of a :func:`pack_bits` output, as a flat bool tensor."""
-    first = start // 8
-    bits = unpack_bits(packed[first:(stop + 7) // 8].contiguous(), stop - first * 8)
-    return bits[start - first * 8:]
-
-
-def _count_before(packed: Tensor, stop: int) -> int:
-    """Set bits among the first ``stop`` bits."""
-    full = stop // 8
-    count = int(_POPCOUNT.to(packed.device)[packed[:full].long()].sum()) if full else 0
-    if stop % 8:
-        count += int(_bit_range(packed, full * 8, stop).count_nonzero())
-    return count
-
-
-class _Stacked:
-    """A stand-in for the dense store's stacked ``(2, N, *shape)`` tensor of one entry, for readers that
-    slice it in column blocks (:mod:`~lightning_dfl.federation.diagnostics`): ``reshape(2 N, -1)``,
-    then ``[:, start:stop].index_select(0, rows)`` with ``rows = slot * N + node`` decodes only those
-    rows' columns. Nothing else of a tensor's API is offered."""
-
-    def __init__(self, store: CompactClientStore, name: str, mask: bool, start: int = 0, stop: int | None = None,
-                 flat: bool = False) -> None:
-        self.store, self.name, self.mask = store, name, mask
-        self.start, self.stop, self.flat = start, store.numels[name] if stop is None else stop, flat
-        self.dtype = torch.bool if mask else store.dtypes[name]
-
-    @property
-    def shape(self) -> torch.Size:
-        n = self.store.num_nodes
-        if self.flat:
-            return torch.Size((2 * n, self.stop - self.start))
-        return torch.Size((2, n, *self.store.shapes[self.name]))
-
-    def reshape(self, *shape: int) -> _Stacked:
-        if len(shape) != 2 or shape[0] != 2 * self.store.num_nodes or shape[1] not in (-1, self.store.numels[self.name]):
-            raise NotImplementedError(f"a compact store's stacked {self.name!r} reshapes to (2 N, -1) only, got {shape}")
-        return _Stacked(self.store, self.name, self.mask, flat=True)
-
-    def __getitem__(self, key: Any) -> _Stacked:
-        if not (self.flat and isinstance(key, tuple) and len(key) == 2 and key[0] == slice(None)
-                and isinstance(key[1], slice) and key[1].step in (None, 1)):
-            raise NotImplementedError("a compact store's stacked entry is sliced as [:, start:stop] only")
-        start, stop, _ = key[1].indices(self.stop - self.start)
-        return _Stacked(self.store, self.name, self.mask, self.start + start, self.start + max(start, stop), True)
-
-    def index_select(self, dim: int, index: Tensor) -> Tensor:
-        if dim != 0 or not self.flat:
-            raise NotImplementedError("a compact store's stacked entry selects rows (dim 0) only")
-        return self.store.column_block(index.tolist(), self.name, self.mask, self.start, self.stop)
 
 
 # -- the store --------------------------------------------------------------------------------------
@@ -290,7 +175,7 @@ class CompactClientStore(ClientStore):
             if kept.numel() == w.numel():
                 values[n] = w
                 continue
-            if not bool(w.view(_TORCH_INTS[w.element_size()]).ne(0).logical_and_(~m).any()):
+            if not bool(w.view(INT_VIEWS[w.element_size()]).ne(0).logical_and_(~m).any()):
                 values[n] = kept  # plain +0.0 everywhere outside the mask (every bit zero): the common case
                 continue
             off = select(w, ~m)
@@ -430,17 +315,14 @@ class CompactClientStore(ClientStore):
             self.current_bits[node] = self._share(node, {n: pack_bits(current[n]) for n in self.masked_names})
         self._written.add(node)
 
-    # -- the dense store's stacked tensors, read in column blocks ------------------------
-    @property
-    def weights(self) -> dict[str, _Stacked]:
-        """Stand-ins for the dense store's ``weights[name]`` (``(2, N, *shape)``) that decode column
-        blocks of the rows read (see :class:`_Stacked`); for readers such as the diagnostics."""
-        return {n: _Stacked(self, n, False) for n in self.names}
-
-    @property
-    def published_masks(self) -> dict[str, _Stacked]:
-        """Stand-ins for the dense store's ``published_masks[name]`` (see :attr:`weights`)."""
-        return {n: _Stacked(self, n, True) for n in self.masked_names}
+    # -- many nodes read in column blocks ------------------------------------------------
+    def column_blocks(self, nodes: Sequence[int], name: str, mask: bool, step: int) -> Iterator[tuple[int, Tensor]]:
+        """:meth:`ClientStore.column_blocks <lightning_dfl.federation.state.ClientStore.column_blocks>`: the
+        blocks decoded from the nodes' current records (:meth:`column_block`), never a node's whole model."""
+        rows = [int(self.slot[k]) * self.num_nodes + int(k) for k in nodes]
+        numel = self.numels[name]
+        for start in range(0, numel, step):
+            yield start, self.column_block(rows, name, mask, start, min(start + step, numel))
 
     def _row_record(self, row: int) -> dict[str, Any]:
         """The record in the dense store's row ``slot * N + node`` (its start-of-round record in its
@@ -481,7 +363,7 @@ class CompactClientStore(ClientStore):
                 continue
             before = self._prefix.pop((id(values), start), None)
             if before is None:
-                before = _count_before(rec["bits"][name], start)
+                before = count_before(rec["bits"][name], start)
             self._prefix[(id(values), stop)] = before + counts[i]
             sparse.append(i)
             chunks.append(values[before:before + counts[i]])
@@ -503,15 +385,15 @@ class CompactClientStore(ClientStore):
             return record["values"][name][start:stop]
         bits = record["bits"][name]
         if mask:
-            return _bit_range(bits, start, stop)
+            return bit_range(bits, start, stop)
         values = record["values"][name]
         if values.numel() == self.numels[name]:
             return values[start:stop]
         key = (id(values), start)
         before = self._prefix.pop(key, None)
         if before is None:
-            before = _count_before(bits, start)
-        m = _bit_range(bits, start, stop)
+            before = count_before(bits, start)
+        m = bit_range(bits, start, stop)
         count = int(m.count_nonzero())
         if len(self._prefix) > 4 * self.num_nodes:
             self._prefix.clear()
@@ -521,7 +403,7 @@ class CompactClientStore(ClientStore):
         neg = record["neg"].get(name)
         if neg is not None:
             inactive = start - before
-            scatter_(out, ~m, signed_zeros(_bit_range(neg, inactive, inactive + (stop - start - count)),
+            scatter_(out, ~m, signed_zeros(bit_range(neg, inactive, inactive + (stop - start - count)),
                                                  values.dtype))
         return out
 
@@ -714,56 +596,3 @@ class CompactClientStore(ClientStore):
 # -- checkpoints read without a store ---------------------------------------------------------------
 
 
-def _record_weights(state: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Tensor]:
-    shapes = {n: tuple(s) for n, s in state["shapes"].items()}
-    out = {}
-    for n in state["names"]:
-        values = record["values"][n]
-        numel = math.prod(shapes[n])
-        if values.numel() == numel:
-            out[n] = values.reshape(shapes[n])
-            continue
-        mask = unpack_bits(record["bits"][n].cpu(), numel).to(values.device)
-        dense = scatter_(torch.zeros(numel, dtype=values.dtype, device=values.device), mask, values)
-        neg = record["neg"].get(n)
-        if neg is not None:
-            signs = unpack_bits(neg.cpu(), numel - values.numel()).to(values.device)
-            scatter_(dense, ~mask, signed_zeros(signs, values.dtype))
-        out[n] = dense.reshape(shapes[n])
-    return out
-
-
-def checkpoint_weights(store_state: Mapping[str, Any], node: int) -> dict[str, Tensor]:
-    """Node ``node``'s published weights in a saved store (``state_dict()`` of either store), dense."""
-    if store_state.get("format") == FORMAT:
-        return _record_weights(store_state, store_state["records"][node])
-    slot = int(store_state["slot"][node])
-    return {n: t[slot, node] for n, t in store_state["weights"].items()}
-
-
-def dense_state_dict(state: Mapping[str, Any], store: ClientStore) -> dict[str, Any]:
-    """A compact store's ``state_dict`` expanded into the dense store's layout (for ``store``)."""
-    names, masked = list(state["names"]), list(state["masked_names"])
-    if names != store.names or masked != store.masked_names:
-        raise ValueError(f"the checkpoint's compact store holds {names} (masked {masked}); this store "
-                         f"{store.names} (masked {store.masked_names})")
-    slot = state["slot"]
-    weights = {n: torch.zeros_like(t) for n, t in store.weights.items()}
-    published = {n: torch.ones_like(t) for n, t in store.published_masks.items()}
-    masks = {n: torch.ones_like(t) for n, t in store.masks.items()}
-    active = torch.zeros_like(store.active)
-    shapes = {n: tuple(s) for n, s in state["shapes"].items()}
-    if len(state["records"]) != store.num_nodes or any(shapes[n] != tuple(weights[n].shape[2:]) for n in names):
-        raise ValueError(f"the checkpoint's compact store ({len(state['records'])} nodes of {shapes}) does "
-                         f"not fit this store ({store.num_nodes} nodes)")
-    for k, record in enumerate(state["records"]):
-        s = int(slot[k])
-        for n, t in _record_weights(state, record).items():
-            weights[n][s, k].copy_(t)
-        for n in masked:
-            numel = math.prod(shapes[n])
-            published[n][s, k].copy_(unpack_bits(record["bits"][n].cpu(), numel).view(shapes[n]))
-            masks[n][k].copy_(unpack_bits(state["current_bits"][k][n].cpu(), numel).view(shapes[n]))
-        active[s, k] = int(record["active"])
-    return {"weights": weights, "published_masks": published, "masks": masks, "slot": slot, "active": active,
-            "fields": state.get("fields", {})}

@@ -231,21 +231,10 @@ def diagnostic_pairs(num: int, round_idx: int, seed: int, candidates: list[tuple
 # -- gathering published tensors in bounded blocks -------------------------------------------------------
 
 
-def _blocks(stacked: Tensor, rows_index: Tensor, rows: int, multiple: int = 1) -> Iterable[tuple[int, Tensor]]:
-    """``(start, block)``: the given rows of one stacked store tensor ``(2, N, ...)`` seen as ``(2 N, numel)``
-    (``rows_index = slot * N + node``), in column slices of at most ``BLOCK_ELEMENTS / rows`` elements (a
-    multiple of ``multiple``); each block is a copy."""
-    flat = stacked.reshape(stacked.shape[0] * stacked.shape[1], -1)
-    numel = flat.shape[1]
-    step = max(multiple, (BLOCK_ELEMENTS // max(rows, 1)) // multiple * multiple)
-    for start in range(0, numel, step):
-        yield start, flat[:, start:start + step].index_select(0, rows_index)
-
-
-def _rows(store: Any, nodes: Sequence[int]) -> Tensor:
-    """The rows of the nodes' current published slots in a ``(2 N, ...)`` view of a stacked store tensor."""
-    index = torch.as_tensor(list(nodes), dtype=torch.long)
-    return (store.slot[index] * store.num_nodes + index).to(store.device)
+def _step(rows: int, multiple: int = 1) -> int:
+    """Columns per block when ``rows`` rows are read at once: at most ``BLOCK_ELEMENTS / rows`` elements, a
+    multiple of ``multiple`` (the store's :meth:`~lightning_dfl.federation.state.ClientStore.column_blocks`)."""
+    return max(multiple, (BLOCK_ELEMENTS // max(rows, 1)) // multiple * multiple)
 
 
 def consensus_distances(store: Any, clients: Sequence[int], names: Sequence[str],
@@ -256,7 +245,6 @@ def consensus_distances(store: Any, clients: Sequence[int], names: Sequence[str]
     Masked is NaN without pairs. Float32 blocks (centred on the mean first), float64 sums. ``packed``: a dict
     that receives, per masked name read, the mask blocks packed by :func:`pack_words` (what
     :func:`packed_masks` gives, without reading the masks again)."""
-    rows_index = _rows(store, clients)
     k = len(clients)
     masked_names = set(store.masked_names)
     pi = torch.as_tensor([p[0] for p in pairs], dtype=torch.long, device=store.device)
@@ -265,8 +253,8 @@ def consensus_distances(store: Any, clients: Sequence[int], names: Sequence[str]
     pairwise = torch.zeros(len(pairs), dtype=torch.float64, device=store.device)
     rows = max(k, 2 * len(pairs))
     for name in names:
-        weights = _blocks(store.weights[name], rows_index, rows, 64)
-        masks = _blocks(store.published_masks[name], rows_index, rows, 64) if name in masked_names else None
+        weights = store.column_blocks(clients, name, False, _step(rows, 64))
+        masks = store.column_blocks(clients, name, True, _step(rows, 64)) if name in masked_names else None
         for (_, x), mask in zip(weights, masks if masks is not None else iter(lambda: None, 0)):
             if mask is not None and packed is not None:
                 packed.setdefault(name, []).append(pack_words(mask[1]))
@@ -322,9 +310,8 @@ def packed_masks(store: Any, clients: Sequence[int]) -> Tensor:
     own = getattr(store, "packed_published_masks", None)
     if own is not None:
         return own(clients)
-    rows_index = _rows(store, clients)
     parts = [pack_words(m) for name in store.masked_names
-             for _, m in _blocks(store.published_masks[name], rows_index, len(clients), 64)]
+             for _, m in store.column_blocks(clients, name, True, _step(len(clients), 64))]
     return torch.cat(parts, dim=1) if parts else torch.zeros((len(clients), 0), dtype=torch.int64)
 
 
@@ -347,12 +334,11 @@ def jaccard_pairs(packed: Tensor, pairs: Sequence[tuple[int, int]]) -> Tensor:
 def jaccard_matrix(store: Any, clients: Sequence[int]) -> Tensor:
     """The full K x K Jaccard matrix of the clients' published masks (float64; O(K^2 P) by blocks of
     exact float32 products)."""
-    rows_index = _rows(store, clients)
     k = len(clients)
     gram = torch.zeros((k, k), dtype=torch.float64, device=store.device)
     for name in store.masked_names:
         # a block row holds at most BLOCK_ELEMENTS < 2^24 entries: every float32 dot product is an exact integer
-        for _, m in _blocks(store.published_masks[name], rows_index, k):
+        for _, m in store.column_blocks(clients, name, True, _step(k)):
             a = m.to(torch.float32)
             gram += (a @ a.T).to(torch.float64)
     counts = gram.diagonal()
@@ -461,7 +447,7 @@ class RunDiagnostics:
         communicating = communicating_pairs(w, taking_part)
         pairs = diagnostic_pairs(k, round_idx, self.seed, communicating or None, DISTANCE_PAIRS_PER_CLIENT,
                                  all_pairs_max_k=0, stream="diag/distance")  # none communicate: from all pairs
-        names = [n for n in self.parameter_names if n in store.weights] or list(store.names)
+        names = [n for n in self.parameter_names if n in store.names] or list(store.names)
         packs_own = hasattr(store, "packed_published_masks")  # then every packing of this run is the store's
         blocks: dict[str, list[Tensor]] = {}
         out["diag/consensus_distance"], out["diag/consensus_distance_masked"] = consensus_distances(

@@ -17,7 +17,7 @@ from torch import Tensor
 from lightning_dfl.callbacks.base import defined_hooks
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import TaskContext
-from lightning_dfl.federation.plan import RoundPlan, StartReads, Task
+from lightning_dfl.federation.plan import RoundPlan, Task
 from lightning_dfl.transfers import copy_all_
 
 if TYPE_CHECKING:
@@ -54,19 +54,18 @@ class SerialExecutor:
         """Run ``plan`` (exchange ``exchange`` of its round); add to ``accounting`` (records, bytes)."""
         accounting = accounting if accounting is not None else RoundAccounting(
             plan.round_idx, observer=self.state.diag)
-        reads = self.start_reads(plan)
+        self.begin_round(plan)
         for level in plan.levels():
             for task in level:
-                self.run_task(task, accounting, evaluate, exchange, reads)
+                self.run_task(task, accounting, evaluate, exchange)
         self.state.current_client = None
         return accounting
 
-    def start_reads(self, plan: RoundPlan) -> StartReads | None:
-        """The plan's pending reads of start-of-round models, reported to the store as they end
-        (``None`` unless the algorithm's :attr:`~Algorithm.reads_only_sources`)."""
-        if not type(self.state.algorithm).declares("reads_only_sources"):  # inherited unless a subclass changes behaviour
-            return None
-        return StartReads(plan, self.state.store.release_start)
+    def begin_round(self, plan: RoundPlan) -> None:
+        """Tell the store the plan starts; it may free start-of-round models as their last reads end
+        when the algorithm reads nothing but its plan's sources (:attr:`~Algorithm.reads_only_sources`)."""
+        reads_only_sources = type(self.state.algorithm).declares("reads_only_sources")  # inherited unless changed
+        self.state.store.begin_round(plan if reads_only_sources else None)
 
     def _context(self, task: Task, exchange: int) -> TaskContext:
         t = self.state
@@ -83,18 +82,20 @@ class SerialExecutor:
         copy_all_((tensor, weights[name]) for name, tensor in self.state.worker.items())
 
     def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0,
-                 reads: StartReads | None = None) -> None:
-        """One task: :meth:`start_task`, the algorithm's local training, :meth:`finish_task`; ``reads``
-        hears when it has read its sources and when it has ended."""
+                 report_reads: bool = True) -> None:
+        """One task: :meth:`start_task`, the algorithm's local training, :meth:`finish_task`; the store hears
+        when it has read its sources and when it has ended (unless not ``report_reads``: the sharded
+        executor reports a level's tasks once every process holds them)."""
+        store = self.state.store
         started = self.start_task(task, accounting, evaluate, exchange)
-        if reads is not None:
-            reads.started(task)
+        if report_reads:
+            store.task_started(task)
         if started is not None:
             ctx, record = started
             record.loss = self.state.algorithm.local_train(ctx)
             self.finish_task(ctx, record, accounting, evaluate)
-        if reads is not None:
-            reads.finished(task)
+        if report_reads:
+            store.task_finished(task)
 
     def start_task(self, task: Task, accounting: RoundAccounting, evaluate: bool,
                    exchange: int = 0) -> tuple[TaskContext, ClientRecord] | None:

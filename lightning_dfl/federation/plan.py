@@ -9,8 +9,6 @@ results depend only on the plan and the seed, never on how independent tasks are
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -113,42 +111,3 @@ class RoundPlan:
         for task in self.tasks:
             levels[depth[task.node]].append(task)
         return levels
-
-
-class StartReads:
-    """The reads of start-of-round models a plan has still to make, so that a store can free a node's
-    start-of-round model once it holds the node's new one and no task will read the old one again
-    (:meth:`~lightning_dfl.federation.state.ClientStore.release_start`).
-
-    A node's start-of-round model is read by every task that lists it as a non-fresh source (when the
-    task starts: its messages) and by the node's own task (the model it starts from, and falls back to
-    when its update is non-finite: until the task ends). ``release(node)`` is called when the last of
-    these reads has been made; an executor reports them with :meth:`started` and :meth:`finished`.
-    Nodes without a task keep their one model and are never released.
-    """
-
-    def __init__(self, plan: RoundPlan, release: Callable[[int], None]) -> None:
-        self.release = release
-        self.pending: Counter[int] = Counter()
-        for task in plan.tasks:
-            self.pending[task.node] += 1
-            for node in self._others(task):
-                self.pending[node] += 1
-
-    @staticmethod
-    def _others(task: Task) -> list[int]:
-        return [s.node for s in task.sources if not s.fresh and s.node != task.node]
-
-    def _read(self, node: int) -> None:
-        self.pending[node] -= 1
-        if self.pending[node] == 0:
-            self.release(node)
-
-    def started(self, task: Task) -> None:
-        """``task`` has read its sources (its messages are built)."""
-        for node in self._others(task):
-            self._read(node)
-
-    def finished(self, task: Task) -> None:
-        """``task`` has ended (its node has published)."""
-        self._read(task.node)

@@ -117,7 +117,8 @@ class ShardedExecutor(SerialExecutor):
             plan.round_idx, observer=self.state.diag)
         mine = _LoggedAccounting(plan.round_idx, observer=accounting.observer)  # its own told in its tasks
         stateful = self._stateful()
-        reads = self.start_reads(plan)
+        self.begin_round(plan)
+        store = self.state.store
         for level in plan.levels():
             before = [obj.shard_snapshot() for obj in stateful]
             deltas: dict[int, list[Any]] = {}
@@ -125,15 +126,14 @@ class ShardedExecutor(SerialExecutor):
                 if self.owner(position) != self.rank:
                     continue
                 marks = [obj.shard_snapshot() for obj in stateful]
-                self.run_task(task, mine, evaluate, exchange)
+                self.run_task(task, mine, evaluate, exchange, report_reads=False)
                 deltas[position] = [obj.shard_delta(m) for obj, m in zip(stateful, marks)]
             for obj, mark in zip(stateful, before):
                 obj.shard_rollback(mark)
             self._sync_store([task.node for task in level])
-            if reads is not None:  # every process has the level's models now; none reads the old ones again
-                for task in level:
-                    reads.started(task)
-                    reads.finished(task)
+            for task in level:  # every process has the level's models now; none reads the old ones again
+                store.task_started(task)
+                store.task_finished(task)
             gathered: list[dict[int, list[Any]]] = [{} for _ in range(self.world_size)]
             dist.all_gather_object(gathered, deltas, group=self.group)
             for position in range(len(level)):

@@ -30,13 +30,17 @@ store's method returns.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lightning_dfl.federation.compact_records import FORMAT as COMPACT_FORMAT
+from lightning_dfl.federation.compact_records import dense_state_dict
+from lightning_dfl.federation.plan import RoundPlan, Task
 from lightning_dfl.sparse.masks import Masks, active_counts, zero_inactive_
 from lightning_dfl.transfers import copy_all_
 
@@ -85,6 +89,46 @@ class ClientState:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+class StartReads:
+    """The reads of start-of-round models a plan has still to make, so that a store can free a node's
+    start-of-round model once it holds the node's new one and no task will read the old one again
+    (:meth:`ClientStore.release_start`).
+
+    A node's start-of-round model is read by every task that lists it as a non-fresh source (when the
+    task starts: its messages) and by the node's own task (the model it starts from, and falls back to
+    when its update is non-finite: until the task ends). ``release(node)`` is called when the last of
+    these reads has been made; the store's :meth:`ClientStore.task_started` and
+    :meth:`ClientStore.task_finished` report them.
+    Nodes without a task keep their one model and are never released.
+    """
+
+    def __init__(self, plan: RoundPlan, release: Callable[[int], None]) -> None:
+        self.release = release
+        self.pending: Counter[int] = Counter()
+        for task in plan.tasks:
+            self.pending[task.node] += 1
+            for node in self._others(task):
+                self.pending[node] += 1
+
+    @staticmethod
+    def _others(task: Task) -> list[int]:
+        return [s.node for s in task.sources if not s.fresh and s.node != task.node]
+
+    def _read(self, node: int) -> None:
+        self.pending[node] -= 1
+        if self.pending[node] == 0:
+            self.release(node)
+
+    def started(self, task: Task) -> None:
+        """``task`` has read its sources (its messages are built)."""
+        for node in self._others(task):
+            self._read(node)
+
+    def finished(self, task: Task) -> None:
+        """``task`` has ended (its node has published)."""
+        self._read(task.node)
+
+
 class ClientStore:
     """Published models of ``num_nodes`` nodes sharing one architecture.
 
@@ -120,6 +164,7 @@ class ClientStore:
     def _init_layout(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
                      device: torch.device | str, pin_memory: bool = False) -> None:
         """The names, nodes and device every store backend has (the masked names checked)."""
+        self._reads: StartReads | None = None  # the running plan's reads of start-of-round models
         unknown = sorted(set(masked_names) - set(template))
         if unknown:
             raise ValueError(f"masked names not in the template: {unknown}")
@@ -204,13 +249,31 @@ class ClientStore:
         return 1 - current
 
     def release_start(self, node: int) -> None:
-        """Say that ``node``'s start-of-round model will not be read again in this round (the executor
-        calls it through :class:`~lightning_dfl.federation.plan.StartReads` for algorithms whose
-        :attr:`~lightning_dfl.federation.algorithms.base.Algorithm.reads_only_sources`). The dense store
-        keeps its two slots anyway; the compact store frees the record."""
+        """Say that ``node``'s start-of-round model will not be read again in this round (called through
+        :meth:`begin_round`'s tracking). The dense store keeps its two slots anyway; the compact store
+        frees the record."""
+
+    def begin_round(self, plan: RoundPlan | None) -> None:
+        """A plan starts: with ``plan`` the store follows its reads of start-of-round models
+        (:class:`StartReads`) and calls :meth:`release_start` for each node once no task will read its
+        start-of-round model again; ``None`` (an algorithm that reads models other than its plan's
+        sources, see :attr:`~lightning_dfl.federation.algorithms.base.Algorithm.reads_only_sources`):
+        nothing is released."""
+        self._reads = StartReads(plan, self.release_start) if plan is not None else None
+
+    def task_started(self, task: Task) -> None:
+        """``task`` has read its sources (its messages are built)."""
+        if self._reads is not None:
+            self._reads.started(task)
+
+    def task_finished(self, task: Task) -> None:
+        """``task`` has ended (its node has published, or it was contained)."""
+        if self._reads is not None:
+            self._reads.finished(task)
 
     def end_round(self) -> None:
         """Make this round's published models the current ones."""
+        self._reads = None
         for node in self._written:
             self.slot[node] = 1 - self.slot[node]
         self._written.clear()
@@ -302,6 +365,16 @@ class ClientStore:
         copy_all_((self.masks[n][node], mask[n]) for n in self.masked_names)
 
     # -- reads --------------------------------------------------------------------------
+    def column_blocks(self, nodes: Sequence[int], name: str, mask: bool, step: int) -> Iterator[tuple[int, Tensor]]:
+        """The nodes' current published ``name`` (its mask when ``mask``), flattened, in column blocks of ``step``
+        entries: ``(start, block)`` with ``block`` a ``(len(nodes), width)`` copy, so that readers of many nodes
+        (the diagnostics) never hold every node's whole model at once. Both stores give the same blocks."""
+        flat = (self.published_masks if mask else self.weights)[name].reshape(2 * self.num_nodes, -1)
+        index = torch.as_tensor(list(nodes), dtype=torch.long)
+        rows = (self.slot[index] * self.num_nodes + index).to(self.device)
+        for start in range(0, flat.shape[1], step):
+            yield start, flat[:, start:start + step].index_select(0, rows)
+
     def mask(self, node: int) -> Masks:
         return {n: self.masks[n][node] for n in self.masked_names}
 
@@ -354,9 +427,7 @@ class ClientStore:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output into this store (same nodes, names, fields and shapes); a
         compact store's (:class:`~lightning_dfl.federation.compact_state.CompactClientStore`) is expanded."""
-        if state.get("format") == "compact":
-            from lightning_dfl.federation.compact_state import dense_state_dict
-
+        if state.get("format") == COMPACT_FORMAT:
             state = dense_state_dict(state, self)
         pairs = [(key, getattr(self, key), state[key]) for key in ("weights", "published_masks", "masks")]
         pairs += self._field_pairs(state)
