@@ -105,12 +105,61 @@ def check_file(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"{where} is not a checkpoint: it is not a torch zip archive (random bytes, another "
                               "format or a legacy torch file)")
     try:
-        with zipfile.ZipFile(path):
-            pass
+        with zipfile.ZipFile(path) as archive:
+            parts = archive.infolist()
     except (zipfile.BadZipFile, EOFError) as err:
         raise CheckpointError(f"the checkpoint {where} is truncated or damaged: it starts as a torch archive but its "
                               f"zip directory is unreadable ({err})") from err
+    _check_declared_size(parts, path.stat().st_size, where)
     return path
+
+
+#: how much more than its file size a checkpoint's parts may declare, when some are compressed
+_EXPANSION = 4
+_EXPANSION_SLACK = 64 * 2**20
+
+
+def _check_declared_size(parts: list[zipfile.ZipInfo], file_size: int, where: str) -> None:
+    """Refuse an archive whose parts declare more data than it can hold (a "zip bomb") or than memory holds.
+
+    Only the zip directory is read, never a part's data. ``torch.save`` stores every part uncompressed,
+    so the declared sizes add up to about the file size. Compressed parts (a checkpoint re-zipped by a
+    tool) are not refused outright, since sparse weights do compress; but together the parts may declare
+    at most ``4 x`` the file size ``+ 64 MiB``: well above what real weights compress to, far below a
+    bomb's ratio of ~1000 (a 1 MB file expanding to 1 GB). The declared total must also fit in the
+    memory available now, as ``torch.load`` reads every part into memory.
+    """
+    declared = sum(part.file_size for part in parts)
+    bound = file_size * _EXPANSION + _EXPANSION_SLACK
+    if declared > bound:
+        raise CheckpointError(f"the checkpoint {where} declares {_size(declared)} of data in a file of "
+                              f"{_size(file_size)}: refused before reading it, since a torch checkpoint stores its "
+                              f"data uncompressed (at most {_size(bound)}, 4 x the file size + 64 MiB, is allowed)")
+    available = _available_memory()
+    if available is not None and declared > available:
+        raise CheckpointError(f"the checkpoint {where} declares {_size(declared)} of data, more than the "
+                              f"{_size(available)} of memory available: refused before reading it")
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available now (Linux's MemAvailable, else the free pages), or None where unknown."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # not on this OS
+        return None
+
+
+def _size(nbytes: int) -> str:
+    """``nbytes`` in words: ``'512.0 MiB'``."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    power = min(3, (nbytes.bit_length() - 1) // 10)
+    return f"{nbytes / 1024**power:.1f} {('KiB', 'MiB', 'GiB')[power - 1]}"
 
 
 def read_state(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
