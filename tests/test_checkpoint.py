@@ -386,3 +386,103 @@ def test_resume_refuses_a_changed_setting_that_changes_results(saved, tmp_path, 
 def test_resume_allow_without_a_checkpoint_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"resume_allow=\['model/lr'\] applies only when resuming"):
         _trainer(tmp_path, rounds=1, resume_allow=["model/lr"]).fit(*_parts())
+
+
+# -- a checkpoint of the wrong structure is refused before anything is loaded ------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_compact(tmp_path_factory):
+    """A 1-round DA-DPFL run with the compact store, checkpointed: its path."""
+    trainer = _trainer(tmp_path_factory.mktemp("compact"), callbacks=[Started()], rounds=1, checkpoint_every=1,
+                       store="compact")
+    trainer.fit(*_parts())
+    return trainer.checkpoint_path
+
+
+def _first(mapping):
+    return next(iter(mapping))
+
+
+def _rename_first(weights):
+    weights["conv9.weight"] = weights.pop(_first(weights))
+
+
+def _slice(key, index):
+    def edit(state):
+        state["store"][key] = {n: t[index] for n, t in state["store"][key].items()}
+    return edit
+
+
+STRUCTURE = {  # case: (store that saved, edit, what the one line says)
+    **{f"no {key}": ("dense", lambda s, key=key: s.pop(key), rf"it has no \['{key}'\]")
+       for key in ("store", "identity", "next_round", "history", "callbacks", "algorithm", "clock")},
+    "store a list": ("dense", lambda s: s.update(store=[1, 2]), "its 'store' is a list, expected a dict"),
+    "identity a list": ("dense", lambda s: s.update(identity=["a"]), "its 'identity' is a list, expected a dict"),
+    "history a dict": ("dense", lambda s: s.update(history={"0": {}}), "its 'history' is a dict, expected a list"),
+    "history entry": ("dense", lambda s: s["history"].__setitem__(0, 5), "its history's entry 0 is a int"),
+    "callbacks a list": ("dense", lambda s: s.update(callbacks=[]), "its 'callbacks' is a list, expected a dict"),
+    "callback state": ("dense", lambda s: s["callbacks"].update(Started=[1]),
+                       "its callbacks' state 'Started' is a list, expected a dict"),
+    "clock empty": ("dense", lambda s: s.update(clock={}), r"its clock's state has no \['elapsed'\]"),
+    "clock text": ("dense", lambda s: s["clock"].update(elapsed="x"), "its clock's 'elapsed' is 'x', expected a number"),
+    "parameter names": ("dense", lambda s: _rename_first(s["store"]["weights"]),
+                        r"its store's weights lack \['features.0.weight'\] and hold unknown \['conv9.weight'\]"),
+    "shapes": ("dense", _slice("weights", (slice(None), slice(None), slice(0, 1))),
+               r"its store's weights 'features.0.weight' has shape \(2, 5, 1, 1, 3, 3\), this run's store "
+               r"\(2, 5, 32, 1, 3, 3\)"),
+    "nodes": ("dense", _slice("weights", (slice(None), slice(0, 4))),
+              "its store's weights 'features.0.weight' hold 4 nodes, this run has 5"),
+    "dtype": ("dense", lambda s: s["store"]["weights"].update({n: t.double() for n, t in s["store"]["weights"].items()}),
+              "has dtype torch.float64, this run's store torch.float32"),
+    "masks a list": ("dense", lambda s: s["store"].update(masks=[]), "its store's masks are a list, expected a dict"),
+    "slots": ("dense", lambda s: s["store"]["slot"].__setitem__(0, 7), r"its store's slots hold \[0, 7\]"),
+    "field missing": ("dense", lambda s: s["store"]["fields"].pop("voting/vote"),
+                      r"its store's state fields lack \['voting/vote'\]"),
+    "field dtype": ("dense", lambda s: s["store"]["fields"]["pqi/sparsity"].update({"": torch.zeros(5)}),
+                    "its field 'pqi/sparsity' has dtype torch.float32, this run's store torch.float64"),
+    "unknown format": ("dense", lambda s: s["store"].update(format="sparse"), "its store has format 'sparse'"),
+    "dense marked compact": ("dense", lambda s: s["store"].update(format="compact"), "its compact store has no"),
+    "compact unmarked": ("compact", lambda s: s["store"].pop("format"),
+                         "its store has no .*neither a dense store nor a compact one"),
+    "compact nodes": ("compact", lambda s: s["store"]["records"].pop(),
+                      "its compact store holds records of 4 nodes, this run has 5"),
+    "compact record": ("compact", lambda s: s["store"]["records"].__setitem__(2, None),
+                       "its record of node 2 is NoneType"),
+    "compact values": ("compact", lambda s: s["store"]["records"][1]["values"].update(
+        {"classifier.0.weight": torch.zeros(3)}), r"its record of node 1: values of 'classifier.0.weight' "
+                                                        r"has shape \(3,\)"),
+    "compact bits": ("compact", lambda s: s["store"]["current_bits"][3].update(
+        {"features.2.weight": torch.zeros(3, dtype=torch.uint8)}),
+        r"its current mask bits of node 3 'features.2.weight' has shape \(3,\)"),
+    "compact names": ("compact", lambda s: s["store"].update(names=s["store"]["names"][::-1]),
+                      r"its compact store's names are .* \(in this order\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(STRUCTURE))
+def test_a_checkpoint_of_the_wrong_structure_is_one_line_before_anything_loads(saved, saved_compact, tmp_path,
+                                                                                monkeypatch, case):
+    from lightning_dfl.federation.compact_state import CompactClientStore
+    from lightning_dfl.federation.state import ClientStore
+
+    store, edit, message = STRUCTURE[case]
+    bad = _poisoned(saved[0] if store == "dense" else saved_compact, tmp_path / "bad.ckpt", edit)
+    loads = []
+    for cls in (ClientStore, CompactClientStore):
+        monkeypatch.setattr(cls, "load_state_dict", lambda self, state: loads.append(state))
+    started = Started()
+    trainer = _trainer(tmp_path / "r", callbacks=[started], rounds=3, store=store)
+    with pytest.raises(CheckpointError, match=message) as info:
+        trainer.fit(*_parts(), ckpt_path=str(bad))
+    text = str(info.value)
+    assert "\n" not in text and repr(str(bad)) in text and "is damaged or does not fit this run" in text, text
+    assert loads == [] and started.events == [] and trainer.history == []  # validated first, nothing loaded
+
+
+@pytest.mark.parametrize(("saved_by", "resumed_by"), [("dense", "compact"), ("compact", "dense")])
+def test_either_store_resumes_the_others_checkpoint(saved, saved_compact, tmp_path, saved_by, resumed_by):
+    ckpt = saved[0] if saved_by == "dense" else saved_compact
+    trainer = _trainer(tmp_path, callbacks=[Started()], rounds=3, store=resumed_by)
+    trainer.fit(*_parts(), ckpt_path=str(ckpt))
+    assert len(trainer.history) == 3

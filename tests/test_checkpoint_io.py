@@ -19,6 +19,7 @@ from lightning_dfl.federation.checkpoint_io import (
     FORMAT_VERSION,
     SAFE_TO_CHANGE,
     CheckpointError,
+    check_file,
     compare_identity,
     read_state,
     write_state,
@@ -315,3 +316,62 @@ def test_a_refused_pickled_object_is_never_called_damaged_nor_told_to_turn_the_c
         read_state(_rezip(tmp_path, members))
     message = str(info.value).replace(str(tmp_path), "")
     assert "damaged" not in message and "weights_only" not in message and "safe_globals" not in message
+
+
+# -- a small file that declares a huge tensor ----------------------------------------------------
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory) -> pathlib.Path:
+    """A 0.5 MB checkpoint whose tensor part is 512 MiB of zeros, deflated (a "zip bomb")."""
+    folder = tmp_path_factory.mktemp("bomb")
+    with zipfile.ZipFile(write_state(folder / "small.ckpt", {"w": torch.zeros(4), "next_round": 1})) as archive:
+        members = {n: archive.read(n) for n in archive.namelist()}
+    path = folder / "bomb.ckpt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for name, data in members.items():
+            if name.endswith("/data/0"):
+                with archive.open(name, "w", force_zip64=True) as part:
+                    for _ in range(512):
+                        part.write(bytes(2**20))
+            else:
+                archive.writestr(name, data)
+    assert path.stat().st_size < 2**20
+    return path
+
+
+class _Loaded(Exception):
+    """torch.load was called."""
+
+
+def test_a_compressed_huge_tensor_is_refused_from_the_zip_directory_alone(bomb, monkeypatch):
+    def load(*args, **kwargs):
+        raise _Loaded
+
+    monkeypatch.setattr(torch, "load", load)
+    monkeypatch.setattr(zipfile.ZipFile, "testzip", lambda self: pytest.fail("a part's data was read"))
+    with pytest.raises(CheckpointError, match=r"declares 512.0 MiB of data in a file of 5\d\d.\d KiB: refused "
+                                              "before reading it") as err:
+        read_state(bomb)
+    assert repr(str(bomb)) in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(CheckpointError, match="declares 512.0 MiB"):  # also the cheap check before a run starts
+        check_file(bomb)
+
+
+def test_a_checkpoint_larger_than_the_available_memory_is_refused(tmp_path, monkeypatch):
+    from lightning_dfl.federation import checkpoint_io
+
+    path = _good(tmp_path)
+    monkeypatch.setattr(checkpoint_io, "_available_memory", lambda: 1000)
+    with pytest.raises(CheckpointError, match=r"declares 1.\d KiB of data, more than the 1000 B of memory available"):
+        read_state(path)
+    monkeypatch.setattr(checkpoint_io, "_available_memory", lambda: None)
+    assert read_state(path)["next_round"] == 1
+
+
+def test_a_compressed_but_modest_checkpoint_is_still_read(tmp_path):
+    with zipfile.ZipFile(_good(tmp_path)) as archive:
+        members = {n: archive.read(n) for n in archive.namelist()}
+    path = tmp_path / "deflated.ckpt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    assert torch.equal(read_state(path)["weights"], torch.ones(300))

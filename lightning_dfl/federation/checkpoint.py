@@ -20,7 +20,15 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_dfl.federation.checkpoint_io import CheckpointError, compare_identity, read_state, write_state
+from lightning_dfl.federation.checkpoint_io import (
+    CheckpointError,
+    StoreLayout,
+    check_parts,
+    check_store_layout,
+    compare_identity,
+    read_state,
+    write_state,
+)
 from lightning_dfl.federation.federation_state import FederationState
 
 
@@ -140,8 +148,10 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
     :func:`~lightning_dfl.federation.checkpoint_io.compare_identity`); accepted differences are logged.
     """
     state = read_state(path, map_location=federation.store.device)
+    check_parts(state, path, {"algorithm": federation.algorithm.state_dict(), "clock": federation.clock.state_dict()})
     identity = _identity(federation)
     changed = compare_identity(state["identity"], identity, allow)
+    check_store_layout(state["store"], StoreLayout.of(federation.store), path)  # all checked before anything loads
     if changed:
         rank_zero_info("Resuming with changed settings: " + "; ".join(
             f"{k}: checkpoint={state['identity'].get(k)!r} now={identity.get(k)!r}" for k in changed) + (
