@@ -345,8 +345,19 @@ def _scale(ax: Any, values: Sequence[float]) -> None:
         ax.set_yscale("log")
 
 
+#: values this close to 0 are shown as 0 (a gap of -8.9e-16 is a rounding error of an exact 0)
+DISPLAY_ZERO = 1e-12
+
+
+def display_value(value: float, tolerance: float = DISPLAY_ZERO) -> float:
+    """``value`` as figures and tables show it: 0.0 where it lies within ``tolerance`` of 0 (for display only;
+    the logged metric keeps its value)."""
+    return 0.0 if math.isfinite(value) and abs(value) <= tolerance else value
+
+
 def _draw_mixing(ax_gap: Any, ax_dist: Any, series: Mapping[str, tuple[list[int], list[float]]]) -> None:
     x, y = series["diag/spectral_gap"]
+    y = [display_value(v) for v in y]
     ax_gap.plot(x, y, "o-" if len(x) <= 30 else "-", ms=3, color="C0")
     _scale(ax_gap, y)
     ax_gap.set(xlabel="round", ylabel="1 - rho", title="Spectral gap of the realized W")
@@ -403,6 +414,23 @@ def _client_order(labels: Sequence[int] | None, groups: Sequence[int | None] | N
     return sorted(range(k), key=lambda c: (group[c], labels[c], c))
 
 
+def jaccard_limits(matrix: Any) -> tuple[float, float]:
+    """The colour limits of a mask-Jaccard heatmap: the range of its finite off-diagonal values (the diagonal,
+    always 1, would squeeze the pairs' differences into a few shades); (0, 1) without any, and a range of
+    0.01 around a single value."""
+    import numpy as np
+
+    matrix = np.asarray(matrix, dtype=float)
+    values = matrix[~np.eye(matrix.shape[0], dtype=bool)] if matrix.ndim == 2 else matrix.ravel()
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return 0.0, 1.0
+    low, high = float(values.min()), float(values.max())
+    if high - low < 1e-9:
+        low, high = low - 0.005, high + 0.005
+    return low, high
+
+
 def _draw_jaccard(ax: Any, fig: Any, data: Mapping[str, Any]) -> None:
     import numpy as np
 
@@ -412,8 +440,14 @@ def _draw_jaccard(ax: Any, fig: Any, data: Mapping[str, Any]) -> None:
         ax.set_axis_off()
         return
     order = _client_order(data["labels"], data["groups"], matrix.shape[0])
-    image = ax.imshow(matrix[np.ix_(order, order)], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
-    fig.colorbar(image, ax=ax, shrink=0.8, label="Jaccard")
+    shown = np.array(matrix, dtype=float)[np.ix_(order, order)]
+    low, high = jaccard_limits(shown)
+    np.fill_diagonal(shown, np.nan)  # each client with itself: 1, drawn grey, outside the colour scale
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
+    image = ax.imshow(shown, vmin=low, vmax=high, cmap=cmap, interpolation="nearest")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="Jaccard, pairs' range (diagonal = 1, grey)")
     if data["labels"] is not None and len(data["labels"]) == matrix.shape[0]:
         keys = [(data["groups"][c] if data["groups"] and data["groups"][c] is not None else 0, data["labels"][c])
                 for c in order]
