@@ -254,3 +254,33 @@ def test_the_jaccard_colours_span_the_off_diagonal_values():
     assert image.get_clim() == (0.62, 0.70)
     assert np.isnan(np.diag(image.get_array().filled(np.nan))).all()
     assert "diagonal" in fig.axes[-1].get_ylabel()
+
+
+def _overlap(a, b):
+    return min(a.x1, b.x1) > max(a.x0, b.x0) and min(a.y1, b.y1) > max(a.y0, b.y0)
+
+
+def test_placed_labels_overlap_neither_each_other_nor_the_markers():
+    """Eight points in a tight cluster (compare_all's DFedSAM, Ditto, PSFL, FedFomo): every label is readable."""
+    from matplotlib.text import Text
+
+    fig = plots.agg_figure(6.0, 5.0)
+    ax = fig.subplots()
+    rng = np.random.default_rng(0)
+    xs = list(100 * (1 + 0.2 * rng.random(8))) + [0.01, 500.0]
+    ys = list(98.5 + 0.6 * rng.random(8)) + [92.0, 88.0]
+    ax.scatter(xs, ys, s=55)
+    ax.set(xscale="log", ylim=(87, 100))
+    names = ["DFedSAM", "Ditto", "PSFL", "FedFomo", "DisPFL", "DA-DPFL", "DFedAvgM", "D-PSGD-FT", "Local", "BEER"]
+    labels = plots.place_labels(ax, xs, ys, names)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [Text.get_window_extent(label, renderer) for label in labels]  # the text, not its leader line
+    assert [label.get_text() for label in labels] == names
+    assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    frame = ax.get_window_extent(renderer)
+    half = 5.0 * fig.dpi / 72
+    for box in boxes:
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        for x, y in ax.transData.transform(np.column_stack([xs, ys])):
+            assert not (box.x0 < x + half and x - half < box.x1 and box.y0 < y + half and y - half < box.y1)
