@@ -285,32 +285,42 @@ def render_markdown(data: dict[str, Any]) -> str:
 
 
 def plot(data: dict[str, Any], path: Path) -> Path | None:
+    """Final accuracy against the busiest node's megabytes, one panel per partition: each point named beside it
+    (labels placed apart, with a leader line where moved), the legend outside the panels."""
+    from lightning_dfl.plots import agg_figure, place_labels
+
+    parts = [p for p in PARTITIONS if p in data["results"]]
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        fig = agg_figure(6.0 * len(parts) + 3.2, 5.5)
     except ImportError:
         print("note: matplotlib is not installed (the project's `plots` extra); no plot", file=sys.stderr)
         return None
-    parts = [p for p in PARTITIONS if p in data["results"]]
-    fig = Figure(figsize=(6.0 * len(parts), 5.0), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(parts), squeeze=False)[0]
     markers = "osD^v<>pPX*hH8d"
+    handles: dict[str, Any] = {}
+    points = []
     for ax, p in zip(axes, parts):
+        xs, ys, names = [], [], []
         for i, a in enumerate(NAMES):
             rec = data["results"][p].get(a)
             if rec is None:
                 continue
             x = max(rec["busiest_mb_total"], 1e-2)  # Local sends nothing: drawn at the axis' floor
-            ax.scatter(x, 100 * rec["final_accuracy"], marker=markers[i % len(markers)], s=55, color=f"C{i % 10}",
-                       label=f"{_row_label(a, rec)} ({_metric_short(rec['headline_metric'])})")
-            ax.annotate(_row_label(a, rec), (x, 100 * rec["final_accuracy"]), textcoords="offset points", xytext=(4, 3),
-                        fontsize=7)
+            label = f"{_row_label(a, rec)} ({_metric_short(rec['headline_metric'])})"
+            handles[label] = ax.scatter(x, 100 * rec["final_accuracy"], marker=markers[i % len(markers)], s=55,
+                                        color=f"C{i % 10}", label=label)
+            xs.append(x)
+            ys.append(100 * rec["final_accuracy"])
+            names.append(LABELS.get(a, a))
+        points.append((ax, xs, ys, names))
         ax.set(xscale="log", xlabel="busiest-node MB over the run (log; Local at 0.01)",
                ylabel="final headline accuracy, %", title=f"digits {PARTITIONS[p]}, K={data['config']['clients']}, "
                f"T={data['config']['rounds']}, E={data['config']['local_epochs']}")
         ax.grid(alpha=0.3, which="both")
-    axes[-1].legend(fontsize="x-small", loc="lower left", ncol=2)
+    fig.legend(handles=list(handles.values()), loc="outside right center", fontsize="x-small",
+               title="algorithm (headline metric)", title_fontsize="x-small")
+    for ax, xs, ys, names in points:
+        place_labels(ax, xs, ys, names)
     fig.savefig(path)
     return path
 

@@ -419,7 +419,7 @@ def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
     parts = [p for p in PARTITIONS if p in results]
     prisams = ("prisam_0.3", "prisam_0.5", "prisam_0.7")
     paths = []
-    fig = _figure(6.0 * max(1, len(parts)), 6.5)
+    fig = _figure(6.0 * max(1, len(parts)) + 1.6, 6.5)
     axes = np.array(fig.subplots(2, max(1, len(parts)), squeeze=False, sharex=True))
     styles = (("o", "-"), ("s", "--"), ("^", ":"))
     for col, p in enumerate(parts):
@@ -436,7 +436,9 @@ def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
         bottom.set(xlabel="round", ylabel="differing mask dimensions (of 448)")
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
-            ax.legend(fontsize="small", loc="lower right")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    if handles:  # one legend for every panel, outside them: inside, it hid the lines at its corner
+        fig.legend(handles, labels, loc="outside right center", fontsize="small")
     paths.append(out / "compare_prisam_ari.png")
     fig.savefig(paths[-1])
 

@@ -454,8 +454,8 @@ PLOT_KINDS = {"diagnostics": "spectral gap, consensus distance, mask Jaccard and
                              "mask-Jaccard and bytes heatmaps; per-client accuracy"}
 
 
-def _plot(args: list[str]) -> None:
-    """``lightning-dfl plot diagnostics RUN_DIR [--out DIR]``: write a run's diagnostics figures."""
+def _plot_parser() -> argparse.ArgumentParser:
+    """The parser of ``lightning-dfl plot KIND RUN_DIR [--out DIR]``."""
     parser = argparse.ArgumentParser(
         prog=f"{PROG} plot", exit_on_error=False,
         description="Figures of one run (PNG files; needs matplotlib: pip install -e '.[plots]').",
@@ -463,6 +463,12 @@ def _plot(args: list[str]) -> None:
     parser.add_argument("kind", help=f"what to plot; allowed: {', '.join(PLOT_KINDS)}")
     parser.add_argument("run_dir", help="the run folder (runs/<algorithm>/version_N)")
     parser.add_argument("--out", default=None, help="folder of the figures (default: RUN_DIR/diagnostics)")
+    return parser
+
+
+def _plot(args: list[str]) -> None:
+    """``lightning-dfl plot diagnostics RUN_DIR [--out DIR]``: write a run's diagnostics figures."""
+    parser = _plot_parser()
     if not args or args[0] in ("-h", "--help"):
         parser.print_help()
         return
@@ -557,6 +563,25 @@ def fit_help() -> str:
     return text
 
 
+def _subcommand(name: str, args: list[str]) -> None:
+    """Run an analysis subcommand (``schedule``, ``cost``, ``curves``, ``export``) on its arguments."""
+    from jsonargparse import CLI
+
+    CLI(SUBCOMMANDS[name], args=args, exit_on_error=False, formatter_class=HelpFormatter, prog=f"{PROG} {name}")
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The argument parser of ``plot`` or an analysis subcommand, built without running anything (``fit``'s
+    is LightningCLI's: check a ``fit`` command line with ``--print_config``)."""
+    if name == "plot":
+        return _plot_parser()
+    if name not in SUBCOMMANDS:
+        raise ValueError(f"no parser for {name!r}; allowed: {', '.join(['plot', *SUBCOMMANDS])}")
+    from jsonargparse import capture_parser
+
+    return capture_parser(lambda: _subcommand(name, []))
+
+
 def _run(args: list[str]) -> None:
     if args[0] == "fit" and args[1:] in (["--help"], ["-h"]):
         sys.stdout.write(fit_help())
@@ -565,10 +590,7 @@ def _run(args: list[str]) -> None:
         _plot(args[1:])
         return
     if args[0] in SUBCOMMANDS:
-        from jsonargparse import CLI
-
-        CLI(SUBCOMMANDS[args[0]], args=args[1:], exit_on_error=False, formatter_class=HelpFormatter,
-            prog=f"{PROG} {args[0]}")
+        _subcommand(args[0], args[1:])
         return
     from lightning_dfl.fit_cli import FederatedCLI
 

@@ -44,6 +44,67 @@ def agg_figure(width: float, height: float) -> Any:
     return fig
 
 
+#: label offsets tried by :func:`place_labels`, in points from the point: right first, then around it
+_LABEL_DIRECTIONS = ((1, 0), (1, 1), (1, -1), (0, 1), (0, -1), (-1, 0), (-1, 1), (-1, -1))
+_LABEL_RADII = (5, 9, 14, 20, 27, 35, 45, 56, 70, 90)
+
+
+def place_labels(ax: Any, xs: Sequence[float], ys: Sequence[float], texts: Sequence[str], fontsize: float = 7,
+                 marker_pt: float = 5.0) -> list[Any]:
+    """Annotate each point ``(xs[i], ys[i])`` with ``texts[i]`` so that no label overlaps another label or any
+    point's marker (a square of ``marker_pt`` points around it) and stays inside the axes: each label tries
+    offsets around its point, nearest first, else takes the one that overlaps least; a label set away from its
+    point gets a thin leader line. Call it when the figure is otherwise complete (limits, legends): it draws the
+    figure once to know the layout. The labels take no part in the layout."""
+    import numpy as np
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    pixels = fig.dpi / 72.0
+    points = ax.transData.transform(np.column_stack([np.asarray(xs, float), np.asarray(ys, float)]))
+    half = marker_pt * pixels
+    taken = [Bbox.from_extents(x - half, y - half, x + half, y + half) for x, y in points]
+    frame = ax.get_window_extent(renderer)
+
+    def cost(box: Any) -> float:
+        overlap = sum(max(0.0, min(box.x1, o.x1) - max(box.x0, o.x0)) * max(0.0, min(box.y1, o.y1) - max(box.y0, o.y0))
+                      for o in taken)
+        inside = max(0.0, min(box.x1, frame.x1) - max(box.x0, frame.x0)) * max(
+            0.0, min(box.y1, frame.y1) - max(box.y0, frame.y0))
+        return overlap + 10.0 * (box.width * box.height - inside)
+
+    labels = []
+    for (x, y), text in zip(zip(xs, ys), texts):
+        label = ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, 0), fontsize=fontsize)
+        label.set_in_layout(False)
+        best = None
+        for radius in _LABEL_RADII:
+            for dx, dy in _LABEL_DIRECTIONS:
+                offset = (dx * radius, dy * radius * (0.6 if dx else 1.0))
+                label.set_position(offset)
+                label.set(ha={1: "left", 0: "center", -1: "right"}[dx], va={1: "bottom", 0: "center", -1: "top"}[dy])
+                box = label.get_window_extent(renderer).padded(pixels)
+                score = cost(box)
+                if best is None or score < best[0]:
+                    best = (score, offset, label.get_ha(), label.get_va(), box)
+                if score == 0.0:
+                    break
+            if best[0] == 0.0:
+                break
+        _, offset, ha, va, box = best
+        label.remove()  # the final label, with a leader line when it sits away from its point
+        far = math.hypot(*offset) > 1.5 * _LABEL_RADII[1]
+        label = ax.annotate(text, (x, y), textcoords="offset points", xytext=offset, fontsize=fontsize, ha=ha, va=va,
+                            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5", "shrinkA": 0,
+                                        "shrinkB": 0.6 * marker_pt} if far else None)
+        label.set_in_layout(False)
+        taken.append(box)
+        labels.append(label)
+    return labels
+
+
 def check_plot_path(path: str | os.PathLike) -> Path:
     """``path`` as a ``Path`` once matplotlib is importable and can write its suffix.
 
@@ -345,8 +406,19 @@ def _scale(ax: Any, values: Sequence[float]) -> None:
         ax.set_yscale("log")
 
 
+#: values this close to 0 are shown as 0 (a gap of -8.9e-16 is a rounding error of an exact 0)
+DISPLAY_ZERO = 1e-12
+
+
+def display_value(value: float, tolerance: float = DISPLAY_ZERO) -> float:
+    """``value`` as figures and tables show it: 0.0 where it lies within ``tolerance`` of 0 (for display only;
+    the logged metric keeps its value)."""
+    return 0.0 if math.isfinite(value) and abs(value) <= tolerance else value
+
+
 def _draw_mixing(ax_gap: Any, ax_dist: Any, series: Mapping[str, tuple[list[int], list[float]]]) -> None:
     x, y = series["diag/spectral_gap"]
+    y = [display_value(v) for v in y]
     ax_gap.plot(x, y, "o-" if len(x) <= 30 else "-", ms=3, color="C0")
     _scale(ax_gap, y)
     ax_gap.set(xlabel="round", ylabel="1 - rho", title="Spectral gap of the realized W")
@@ -403,6 +475,23 @@ def _client_order(labels: Sequence[int] | None, groups: Sequence[int | None] | N
     return sorted(range(k), key=lambda c: (group[c], labels[c], c))
 
 
+def jaccard_limits(matrix: Any) -> tuple[float, float]:
+    """The colour limits of a mask-Jaccard heatmap: the range of its finite off-diagonal values (the diagonal,
+    always 1, would squeeze the pairs' differences into a few shades); (0, 1) without any, and a range of
+    0.01 around a single value."""
+    import numpy as np
+
+    matrix = np.asarray(matrix, dtype=float)
+    values = matrix[~np.eye(matrix.shape[0], dtype=bool)] if matrix.ndim == 2 else matrix.ravel()
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return 0.0, 1.0
+    low, high = float(values.min()), float(values.max())
+    if high - low < 1e-9:
+        low, high = low - 0.005, high + 0.005
+    return low, high
+
+
 def _draw_jaccard(ax: Any, fig: Any, data: Mapping[str, Any]) -> None:
     import numpy as np
 
@@ -412,8 +501,14 @@ def _draw_jaccard(ax: Any, fig: Any, data: Mapping[str, Any]) -> None:
         ax.set_axis_off()
         return
     order = _client_order(data["labels"], data["groups"], matrix.shape[0])
-    image = ax.imshow(matrix[np.ix_(order, order)], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
-    fig.colorbar(image, ax=ax, shrink=0.8, label="Jaccard")
+    shown = np.array(matrix, dtype=float)[np.ix_(order, order)]
+    low, high = jaccard_limits(shown)
+    np.fill_diagonal(shown, np.nan)  # each client with itself: 1, drawn grey, outside the colour scale
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
+    image = ax.imshow(shown, vmin=low, vmax=high, cmap=cmap, interpolation="nearest")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="Jaccard, pairs' range (diagonal = 1, grey)")
     if data["labels"] is not None and len(data["labels"]) == matrix.shape[0]:
         keys = [(data["groups"][c] if data["groups"] and data["groups"][c] is not None else 0, data["labels"][c])
                 for c in order]

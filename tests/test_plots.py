@@ -1,5 +1,6 @@
 """Figures: DA-DPFL Figs. 8-9 (schedule), Figs. 3-4 (cost) and metric curves, and their subcommands."""
 
+import math
 import sys
 
 import numpy as np
@@ -221,3 +222,65 @@ def test_the_accuracy_histogram_counts_whole_clients():
     plots._draw_accuracy(ax, list(np.linspace(0.4, 0.9, 7)))
     fig.canvas.draw()
     assert all(float(t).is_integer() for t in _visible(ax.get_yticks(), ax.get_ylim()))
+
+
+def test_gaps_within_1e_12_of_zero_are_shown_as_zero():
+    """A gap of -8.9e-16 is drawn as 0; larger values and NaN are drawn as they are."""
+    assert plots.display_value(-8.9e-16) == 0.0 and plots.display_value(1e-12) == 0.0
+    assert plots.display_value(2e-12) == 2e-12 and plots.display_value(0.38) == 0.38
+    assert math.isnan(plots.display_value(float("nan")))
+    fig = plots.agg_figure(8.0, 4.0)
+    ax_gap, ax_dist = fig.subplots(1, 2)
+    series = {"diag/spectral_gap": ([1, 2, 3], [-8.9e-16, 4.4e-16, 0.0]),
+              "diag/consensus_distance": ([1, 2, 3], [3.0, 2.0, 1.0]),
+              "diag/consensus_distance_masked": ([1, 2, 3], [1.0, 0.5, 0.2])}
+    plots._draw_mixing(ax_gap, ax_dist, series)
+    assert list(ax_gap.lines[0].get_ydata()) == [0.0, 0.0, 0.0]
+    fig.canvas.draw()
+    assert "e-1" not in ax_gap.yaxis.get_offset_text().get_text()
+
+
+def test_the_jaccard_colours_span_the_off_diagonal_values():
+    """The colour limits are the pairs' range, the diagonal is masked out and the colour bar says so."""
+    matrix = np.array([[1.0, 0.62, 0.70], [0.62, 1.0, 0.66], [0.70, 0.66, 1.0]])
+    assert plots.jaccard_limits(matrix) == (0.62, 0.70)
+    assert plots.jaccard_limits(np.ones((1, 1))) == (0.0, 1.0)
+    low, high = plots.jaccard_limits(np.array([[1.0, 0.5], [0.5, 1.0]]))
+    assert low < 0.5 < high
+    fig = plots.agg_figure(6.0, 5.0)
+    ax = fig.subplots()
+    plots._draw_jaccard(ax, fig, {"jaccard": matrix, "labels": None, "groups": None})
+    image = ax.images[0]
+    assert image.get_clim() == (0.62, 0.70)
+    assert np.isnan(np.diag(image.get_array().filled(np.nan))).all()
+    assert "diagonal" in fig.axes[-1].get_ylabel()
+
+
+def _overlap(a, b):
+    return min(a.x1, b.x1) > max(a.x0, b.x0) and min(a.y1, b.y1) > max(a.y0, b.y0)
+
+
+def test_placed_labels_overlap_neither_each_other_nor_the_markers():
+    """Eight points in a tight cluster (compare_all's DFedSAM, Ditto, PSFL, FedFomo): every label is readable."""
+    from matplotlib.text import Text
+
+    fig = plots.agg_figure(6.0, 5.0)
+    ax = fig.subplots()
+    rng = np.random.default_rng(0)
+    xs = list(100 * (1 + 0.2 * rng.random(8))) + [0.01, 500.0]
+    ys = list(98.5 + 0.6 * rng.random(8)) + [92.0, 88.0]
+    ax.scatter(xs, ys, s=55)
+    ax.set(xscale="log", ylim=(87, 100))
+    names = ["DFedSAM", "Ditto", "PSFL", "FedFomo", "DisPFL", "DA-DPFL", "DFedAvgM", "D-PSGD-FT", "Local", "BEER"]
+    labels = plots.place_labels(ax, xs, ys, names)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [Text.get_window_extent(label, renderer) for label in labels]  # the text, not its leader line
+    assert [label.get_text() for label in labels] == names
+    assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    frame = ax.get_window_extent(renderer)
+    half = 5.0 * fig.dpi / 72
+    for box in boxes:
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        for x, y in ax.transData.transform(np.column_stack([xs, ys])):
+            assert not (box.x0 < x + half and x - half < box.x1 and box.y0 < y + half and y - half < box.y1)

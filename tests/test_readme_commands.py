@@ -1,0 +1,201 @@
+"""Every ``lightning-dfl`` command in the README's and docs' ``bash`` blocks parses, and every file it names
+exists in the repository or is written by an earlier command of the same page."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_dfl import cli
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PROG = "lightning-dfl"
+_BLOCK = re.compile(r"^([ \t]*)```bash[^\n]*\n(.*?)^\1```", re.M | re.S)
+_SEPARATORS = {"&&", "||", ";", "|", "&"}
+
+
+def commands(markdown: str) -> list[list[str]]:
+    """The ``lightning-dfl`` command lines of the ``bash`` blocks in order, as argument lists without the
+    program (commands joined by ``&&``, ``;`` or ``|`` are split; comments and continuations handled)."""
+    found = []
+    for _, block in _BLOCK.findall(markdown):
+        for text in block.replace("\\\n", " ").splitlines():
+            lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            line: list[str] = []
+            for token in [*lexer, ";"]:
+                if token not in _SEPARATORS:
+                    line.append(token)
+                    continue
+                if line and line[0] == PROG:
+                    found.append(line[1:])
+                line = []
+    return found
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The value of ``--name V`` or ``--name=V`` in ``args`` (the last one given)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _call(args: list[str]) -> tuple[int, str, str]:
+    """``lightning-dfl ARGS`` in this process: exit code, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli.main(args)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+    return code, out.getvalue(), err.getvalue()
+
+
+def _algorithm_name(class_path: str) -> str:
+    """The registry name of an algorithm class (its run folders' parent: ``<root>/<name>/version_N``)."""
+    module, _, attribute = class_path.rpartition(".")
+    return getattr(__import__(module, fromlist=[attribute]), attribute).name
+
+
+def check_page(markdown: str) -> list[str]:
+    """The problems of a page's commands, run in order from the current folder (which holds ``configs/``):
+    options that do not parse, config files that do not exist, run folders and checkpoints that no earlier
+    ``fit`` of the page writes."""
+    problems: list[str] = []
+    produced: set[str] = set()
+    runs_per_parent: dict[str, int] = {}
+
+    def need(path: str | None, what: str, line: str, repository: bool) -> None:
+        if path is None:
+            return
+        normal = str(Path(path))
+        in_repo = repository and (REPO / normal).exists() and not normal.startswith("runs")
+        if normal not in produced and not in_repo:
+            problems.append(f"{line}: {what} {path!r} is neither in the repository nor written by an earlier command")
+
+    for args in commands(markdown):
+        line = " ".join([PROG, *args])
+        if not args:
+            continue
+        name, rest = args[0], args[1:]
+        if name == "fit":
+            need(_option(rest, "--config"), "config", line, repository=True)
+            need(_option(rest, "--ckpt_path"), "checkpoint", line, repository=True)
+            if "--print_config" in rest:
+                code, _, err = _call(args)
+                if code:
+                    problems.append(f"{line}: {err.strip()}")
+                continue
+            code, out, err = _call([*args, "--print_config"])
+            if code:
+                problems.append(f"{line}: {err.strip()}")
+                continue
+            trainer = yaml.safe_load(out)["trainer"]
+            if trainer["logger"] is False:
+                continue
+            parent = str(Path(trainer["default_root_dir"]) / _algorithm_name(trainer["algorithm"]["class_path"]))
+            version = runs_per_parent.get(parent, 0)
+            runs_per_parent[parent] = version + 1
+            run = str(Path(parent) / f"version_{version}")
+            produced.add(run)
+            if trainer["checkpoint_every"]:
+                produced.add(str(Path(run) / "checkpoints" / "last.ckpt"))
+        elif name in ("plot", *cli.SUBCOMMANDS):
+            if "--help" in rest or "-h" in rest:
+                continue
+            try:
+                namespace = cli.command_parser(name).parse_args(rest)
+            except (Exception, SystemExit) as err:  # argparse without exit_on_error exits
+                problems.append(f"{line}: {err}")
+                continue
+            if name == "plot":
+                if namespace.kind not in cli.PLOT_KINDS:
+                    problems.append(f"{line}: unknown plot kind {namespace.kind!r}")
+                need(namespace.run_dir, "run folder", line, repository=True)
+            for run in getattr(namespace, "runs", None) or []:
+                need(run, "run folder", line, repository=True)
+            if name == "export":
+                need(namespace.checkpoint, "checkpoint", line, repository=True)
+        else:
+            code, _, err = _call(args)
+            if code:
+                problems.append(f"{line}: {err.strip()}")
+    return problems
+
+
+@pytest.fixture
+def in_scratch(tmp_path, monkeypatch):
+    """A temporary working folder holding a link to ``configs/``: nothing is written into the checkout."""
+    (tmp_path / "configs").symlink_to(REPO / "configs", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["configs"], "a command wrote into the working folder"
+
+
+def test_commands_are_extracted_in_order():
+    """Commands joined by ``&&``, continued lines, comments and indented blocks are all found."""
+    text = ('```bash\npython3 -m venv .venv && lightning-dfl fit --config a.yaml  # run\n'
+            'lightning-dfl fit --config b.yaml \\\n    --x=\'[1,2]\'\n```\n'
+            'text lightning-dfl fit --config c.yaml\n'
+            '  ```bash\n  lightning-dfl cost --runs \'[r/a,r/b]\'\n  ```\n'
+            '```python\nlightning-dfl fit --config d.yaml\n```\n')
+    assert commands(text) == [["fit", "--config", "a.yaml"], ["fit", "--config", "b.yaml", "--x=[1,2]"],
+                              ["cost", "--runs", "[r/a,r/b]"]]
+
+
+def test_the_readme_has_commands():
+    """The README's main job and the commands of its sections are found."""
+    found = commands((REPO / "README.md").read_text())
+    assert found[0] == ["fit", "--config", "configs/dispfl_digits.yaml"]
+    assert {args[0] for args in found} >= {"fit", "cost", "schedule", "export", "plot"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_page_commands_parse_and_name_existing_files(page, in_scratch):
+    """Each command of the page parses (``fit`` with ``--print_config``) and names files that exist."""
+    assert check_page(page.read_text()) == []
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("lightning-dfl fit --config configs/dispfl_digits.yaml --trainer.roundz=10", "roundz"),
+    ("lightning-dfl fit --config configs/dispfl_digitz.yaml", "dispfl_digitz"),
+    ("lightning-dfl fit --config configs/dadpfl_digits.yaml --ckpt_path runs/x/dadpfl/version_0/checkpoints/last.ckpt",
+     "checkpoint"),
+    ("lightning-dfl fit --config configs/dadpfl_digits.yaml --trainer.default_root_dir=runs/a\n"
+     "lightning-dfl export runs/a/dadpfl/version_0/checkpoints/last.ckpt", "checkpoint"),
+    ("lightning-dfl fit --config configs/dadpfl_digits.yaml --trainer.default_root_dir=runs/a\n"
+     "lightning-dfl cost --runs '[runs/a/dadpfl/version_1]'", "run folder"),
+    ("lightning-dfl cost --runz '[runs/a]'", "runz"),
+    ("lightning-dfl schedule --neighbours '[5]'", "neighbours"),
+    ("lightning-dfl plot diagnostic runs/a/dadpfl/version_0", "diagnostic"),
+    ("lightning-dfl fitt --config configs/dispfl_digits.yaml", "fitt"),
+])
+def test_a_broken_command_is_reported(bad, expected, in_scratch):
+    """A misspelled option, subcommand or config, and a run folder or checkpoint nothing writes, fail."""
+    problems = check_page(f"```bash\n{bad}\n```\n")
+    assert problems and expected in problems[-1]
+
+
+def test_an_earlier_fit_provides_run_folders_and_checkpoints(in_scratch):
+    """A fit with ``checkpoint_every`` and a root writes ``root/<algorithm>/version_0/checkpoints/last.ckpt``;
+    a second fit there writes ``version_1``."""
+    page = ("```bash\n"
+            "lightning-dfl fit --config configs/dadpfl_digits.yaml --trainer.checkpoint_every=10 "
+            "--trainer.default_root_dir=runs/a\n"
+            "lightning-dfl fit --config configs/dadpfl_digits.yaml --trainer.default_root_dir=runs/a\n"
+            "lightning-dfl export runs/a/dadpfl/version_0/checkpoints/last.ckpt --client 3 --out c.pt2\n"
+            "lightning-dfl cost --runs '[runs/a/dadpfl/version_0,runs/a/dadpfl/version_1]'\n"
+            "```\n")
+    assert check_page(page) == []
