@@ -226,7 +226,7 @@ def test_churn_is_deterministic_and_leaves_absent_devices_untouched():
             self.frozen = []
 
         def on_federated_round_start(self, trainer, pl_module):
-            active = trainer.algorithm.participants(trainer.round_context(trainer.current_round))
+            active = trainer.algorithm.participants(trainer.planner.context(trainer.current_round))
             absent = sorted(set(range(K)) - set(active))
             self.frozen.append({k: trainer.store.published(k)[0]["fc.weight"].clone() for k in absent})
 
@@ -268,7 +268,7 @@ def test_late_joiners_warm_up_and_prune_before_they_are_grouped_or_averaged(grou
     trainer.fit(_model(), _dm())
     first_seen = {}
     for r in range(5):
-        for k in algo.participants(trainer.round_context(r)):
+        for k in algo.participants(trainer.planner.context(r)):
             first_seen.setdefault(k, r)
     assert any(r >= 1 for r in first_seen.values())  # some device joined after the warm-up
     assert any(m.get("prisam/warming", 0) > 0 for m in trainer.history[1:])
@@ -290,7 +290,7 @@ def test_per_group_participants_draw_the_same_number_from_each_group(count, shar
     trainer = _trainer(algo, rounds=1, local_steps=1)
     dm = _dm()
     trainer.fit(_model(), dm)
-    chosen = algo.participants(trainer.round_context(0))
+    chosen = algo.participants(trainer.planner.context(0))
     assert len(chosen) == count
     assert sorted(np.bincount(np.asarray(dm.client_groups)[list(chosen)], minlength=2).tolist()) == shares
     with pytest.raises(ValueError, match="unknown participants_draw 'stratified'"):

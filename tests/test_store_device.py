@@ -521,7 +521,7 @@ def test_a_fit_with_the_store_on_the_gpu_matches_the_cpu_store(store, gpu, monke
     """The H100's crash path: ``_setup`` initializes a store on the GPU with the CPU's initial masks. The worker
     stays on the CPU here (a real GPU worker cannot be simulated), so the run also checks that the engine
     moves what it takes from the store to the worker and back (and the diagnostics read it on its device)."""
-    import lightning_dfl.federation.trainer as trainer_module
+    import lightning_dfl.federation.store_setup as store_setup
 
     def on_device(make):  # data constructors on the simulated GPU: built on the CPU, then copied
         def build(data, *args, device=None, **kwargs):
@@ -534,7 +534,7 @@ def test_a_fit_with_the_store_on_the_gpu_matches_the_cpu_store(store, gpu, monke
     runs = {}
     for where in ("cpu", "gpu"):
         if where == "gpu":
-            monkeypatch.setattr(trainer_module, "resolve_store_device", lambda *args: (GPU, "simulated"))
+            monkeypatch.setattr(store_setup, "resolve_store_device", lambda *args: (GPU, "simulated"))
         dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=64, test_samples_per_client=20,
                                  partition="dirichlet", alpha=0.5, seed=1)
         model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05, seed=1)

@@ -18,7 +18,6 @@ from lightning_dfl.callbacks.base import defined_hooks
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import TaskContext
 from lightning_dfl.federation.plan import RoundPlan, Task
-from lightning_dfl.transfers import copy_all_
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
@@ -76,10 +75,9 @@ class SerialExecutor:
                            test_batches=lambda: t.test_batches(task.node), worker=t.worker,
                            draw_train_batches=t.train_batches)
 
-    @torch.no_grad()
     def load(self, weights: dict[str, Tensor]) -> None:
         """Copy ``weights`` into the worker's floating parameters and buffers (from a pinned store, overlapping)."""
-        copy_all_((tensor, weights[name]) for name, tensor in self.state.worker.items())
+        self.state.load_weights(weights)
 
     def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0,
                  report_reads: bool = True) -> None:

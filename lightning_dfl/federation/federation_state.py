@@ -19,9 +19,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.context import CountingBatches
+from lightning_dfl.federation.context import CountingBatches, EvaluationContext
+from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.transfers import copy_all_
 
 __all__ = ["FederationState", "HookDispatch"]
 
@@ -101,3 +104,41 @@ class FederationState:
         for x, y in self.datamodule.test_dataloader():
             batch = (x.to(device), y.to(device))
             yield self.convert_input(batch) if self.convert_input is not None else batch
+
+    # -- the worker and the round's end --------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, Tensor]) -> None:
+        """Copy ``weights`` into the worker's floating parameters and buffers (from a pinned store, overlapping)."""
+        copy_all_((tensor, weights[name]) for name, tensor in self.worker.items())
+
+    def shared_model(self) -> tuple[dict[str, Tensor], dict[str, Tensor]] | None:
+        """The algorithm's shared model (the average of its :meth:`~Algorithm.consensus_sources`) and the
+        mask it is tested with; ``None`` when it has none."""
+        sources = self.algorithm.consensus_sources(self.num_clients)
+        if not sources:
+            return None
+        # gather gives views and masked_average accumulates source by source: no (K, ...) copy
+        average = masked_average(*self.store.gather([(s.node, s.fresh) for s in sources]))
+        return average, self.store.mask(sources[0].node)
+
+    def consensus_metrics(self) -> dict[str, float]:
+        """The shared model (if any) tested on every client's test set (``acc/consensus_*``), or on the official
+        test split when the algorithm's headline is ``"global"``."""
+        shared = self.shared_model()
+        if shared is None:
+            return {}
+        average, mask = shared
+        self.module.mask.load_(mask, apply=False)
+        self.load_weights(average)
+        if self.algorithm.headline == "global":
+            return global_test_metrics(self.module, self.fabric, self.global_test_batches())
+        return shared_model_metrics(self.module, self.fabric, self.num_clients, self.test_batches)
+
+    def evaluation_context(self, round_idx: int, evaluates: bool) -> EvaluationContext:
+        """What :meth:`~Algorithm.evaluate_round` may use at ``round_idx``'s end."""
+        return EvaluationContext(round_idx=round_idx, num_rounds=self.rounds, num_clients=self.num_clients,
+                                 seed=self.seed, evaluates=evaluates, store=self.store, module=self.module,
+                                 optimizer=self.optimizer, fabric=self.fabric, local_epochs=self.local_epochs,
+                                 local_steps=self.local_steps, worker=self.worker, load_weights=self.load_weights,
+                                 test_batches=self.test_batches, draw_train_batches=self.train_batches,
+                                 shared_model=self.shared_model)

@@ -10,10 +10,8 @@ executor runs them level by level (:mod:`~lightning_dfl.federation.executor`), t
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +19,9 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import MixedPrecision
-from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
-from torch import Tensor
 
 from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.callbacks.base import check_supported
@@ -32,17 +29,15 @@ from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import RunDiverged, mark_in_round
 from lightning_dfl.federation.accounting import RoundAccounting
-from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
 from lightning_dfl.federation.batched import batched_executor, check_batchable
 from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from lightning_dfl.federation.checkpoint_io import check_file
 from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.compact_state import check_store_kind, store_class
-from lightning_dfl.federation.context import CountingBatches, EvaluationContext, RoundContext
+from lightning_dfl.federation.compact_state import check_store_kind
+from lightning_dfl.federation.context import CountingBatches
 from lightning_dfl.federation.diagnostics import AUTO_MAX_K, RunDiagnostics, check_diagnostics, personal_spread
-from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
-from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED, SerialExecutor
+from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.federation_state import FederationState, HookDispatch
 from lightning_dfl.federation.interrupts import Interrupted, resume_command, stop_requests
 from lightning_dfl.federation.kernels import (
@@ -53,22 +48,16 @@ from lightning_dfl.federation.kernels import (
     input_converter,
     resolve_memory_format,
 )
+from lightning_dfl.federation.participation import RoundPlanner
 from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
 from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
-from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
+from lightning_dfl.federation.state import ClientFields, ClientStore
 from lightning_dfl.federation.store_memory import (
     check_store_device,
-    check_store_fits,
-    pin_store_memory,
-    resolve_store_device,
-    store_bytes,
 )
+from lightning_dfl.federation.store_setup import build_store, state_fields
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
-from lightning_dfl.sparse.masks import Masks
-
-#: threads that draw the clients' initial masks at set-up (``torch.randperm`` of a large layer is serial)
-MASK_THREADS = 8
 
 
 class FederatedTrainer:
@@ -366,22 +355,14 @@ class FederatedTrainer:
         self.convert_input = input_converter(None if isinstance(plugin, MixedPrecision) else plugin.convert_input,
                                              memory_format)
         self.worker = {n: t for n, t in model.model.state_dict(keep_vars=False).items() if t.is_floating_point()}
-        num_nodes = num_clients + self.algorithm.num_servers
         self.clock.setup(num_clients, self.algorithm.num_servers, self.seed)
-        masked, fields, processes = list(model.mask.masks), self._state_fields(model), \
-            self.fabric.world_size // self._fabric_kwargs["num_nodes"]
-        estimate = store_bytes(self.store_kind, self.worker, masked, num_nodes, model.mask.density(), fields)
-        store_device, reason = resolve_store_device(self.store_device, self.fabric.device, estimate)
-        if self.store_device == "auto" and self.fabric.device.type != "cpu":
-            rank_zero_info(f"Client store on {store_device}: {reason}")
-        check_store_fits(self.store_kind, self.worker, masked, num_nodes, model.mask.density(), store_device,
-                         processes=processes)
-        self.store = store_class(self.store_kind)(self.worker, masked, num_nodes, device=store_device, fields=fields,
-                                                  pin_memory=pin_store_memory(store_device, self.fabric.device,
-                                                                              estimate, processes))
-        for node, mask in enumerate(self._initial_masks(model, num_clients, num_nodes)):
-            self.store.initialize(node, self.worker, mask)
+        fields = state_fields(self.algorithm, self.callbacks, self, model)
+        self.store = build_store(self.store_kind, self.store_device, self.worker, model, fields, num_clients,
+                                 num_clients + self.algorithm.num_servers, self.algorithm.personal_masks, self.seed,
+                                 self.fabric.device, self.fabric.world_size // self._fabric_kwargs["num_nodes"])
         self.sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
+        self.planner = RoundPlanner(self.algorithm, self.clock, num_clients, self.rounds, self.sample_counts,
+                                    self.store, self.seed, self.dropout, self.deadline)
         self.state = FederationState(
             algorithm=self.algorithm, callbacks=self.callbacks, call=HookDispatch(self, self.callbacks, model),
             module=model, optimizer=self.optimizer, fabric=self.fabric, datamodule=datamodule, store=self.store,
@@ -425,38 +406,6 @@ class FederatedTrainer:
         if self.fabric.world_size > 1:
             return ShardedExecutor(state)
         return batched_executor(state) if self.batched_clients else SerialExecutor(state)
-
-    def _initial_masks(self, model: SparseClassifier, num_clients: int, num_nodes: int) -> Iterator[Masks]:
-        """Every node's initial mask in node order: a client's own random one (seeded by its index) with
-        personal masks, else the module's. Drawn on a few threads (each client has its own generator, so
-        the masks do not depend on the threads), a few ahead of the node being initialized."""
-        shared = model.mask.state()
-        if not self.algorithm.personal_masks:
-            yield from (shared for _ in range(num_nodes))
-            return
-
-        def draw(node: int) -> Masks:
-            if node >= num_clients:
-                return shared
-            return model.initial_masks(torch.Generator().manual_seed(derive_seed(self.seed, "mask", node)))
-
-        workers = max(1, min(MASK_THREADS, os.cpu_count() or 1))
-        with ThreadPoolExecutor(workers) as pool:
-            for start in range(0, num_nodes, 2 * workers):
-                yield from pool.map(draw, range(start, min(num_nodes, start + 2 * workers)))
-
-    def _state_fields(self, model: SparseClassifier) -> list[StateField]:
-        """The store's declared fields: the algorithm's, its kept optimizer state, the callbacks'."""
-        fields = list(self.algorithm.state_fields())
-        for key in self.algorithm.keep_optimizer_state:
-            fields.append(StateField(OPTIMIZER_FIELD.format(key), like="weights", dtype=None))
-        if self.algorithm.keep_optimizer_state:
-            fields.append(StateField(OPTIMIZER_STARTED, dtype=torch.bool))
-        for callback in self.callbacks:
-            declare = getattr(callback, "client_state_fields", None)
-            if callable(declare):
-                fields.extend(StateField(**spec) for spec in declare(self, model))
-        return fields
 
     def client_state(self, client: int) -> ClientFields:
         """A client's declared fields, read and written by name (callbacks keep their per-client
@@ -532,54 +481,13 @@ class FederatedTrainer:
         """A second signal: stop at once; the last checkpoint on disk (if any) resumes."""
         return self._interrupted(exit_code, f"abandoned round {self.current_round + 1} of {self.rounds}")
 
-    def round_context(self, round_idx: int, excluded: frozenset[int] = frozenset(),
-                      durations: tuple[float, ...] | None = None) -> RoundContext:
-        """What the algorithm reads when it plans ``round_idx``: sizes, the plan stream, the clock's
-        compute times (``durations`` per node, drawn when not given) and the participants (the
-        algorithm's choice, less the clients that dropped out and ``excluded`` ones: stragglers)."""
-        durations = self.clock.compute_times(round_idx) if durations is None else durations
-        ctx = RoundContext(round_idx, self.rounds, self.num_clients, self.sample_counts,
-                           np.random.default_rng(derive_seed(self.seed, "plan", round_idx)),
-                           durations[:self.num_clients], store=self.store, seed=self.seed)
-        participants = self.algorithm.participants(ctx)
-        if participants is not None:
-            chosen = [int(k) for k in participants]
-            bad = [k for k in chosen if not 0 <= k < self.num_clients]
-            if bad or len(set(chosen)) != len(chosen):
-                raise ValueError(f"{type(self.algorithm).__name__}.participants returned {list(participants)}: "
-                                 f"expected distinct client ids in 0..{self.num_clients - 1}")
-        if participants is None and not self.dropout and not excluded:
-            return ctx
-        active = set(range(self.num_clients)) if participants is None else set(chosen)
-        if self.dropout:
-            draws = np.random.default_rng(derive_seed(self.seed, "dropout", round_idx)).random(self.num_clients)
-            active &= {k for k in range(self.num_clients) if draws[k] >= self.dropout}
-        return dataclasses.replace(ctx, participants=tuple(sorted(active - excluded)))
-
-    def _plan_first_exchange(self, round_idx: int, durations: tuple[float, ...]) -> tuple[RoundContext, Any, int]:
-        """Plan the round's first exchange; with a deadline, drop the clients whose task would finish
-        after it and plan again until every task meets it. Returns the context, the plan and the
-        number of stragglers dropped."""
-        excluded: frozenset[int] = frozenset()
-        while True:
-            ctx = self.round_context(round_idx, excluded, durations)
-            plan = self.algorithm.plan_round(ctx)
-            if self.deadline is None:
-                return ctx, plan, 0
-            times = self.clock.schedule(plan, durations)
-            late = {t.node for t in plan.tasks if t.train and t.node < self.num_clients
-                    and times[t.node][1] > self.deadline + 1e-12}
-            if not late:
-                return ctx, plan, len(excluded)
-            excluded |= late
-
     def run_round(self, round_idx: int) -> dict[str, float]:
         """Plan and run one round (its ``exchanges_per_round`` exchanges); log and return its metrics."""
         wall = time.perf_counter()
         self.state.current_round = round_idx
         self._extra_metrics = {}
         durations = self.clock.compute_times(round_idx)  # one draw per round: planning and timing share it
-        ctx, plan, stragglers = self._plan_first_exchange(round_idx, durations)
+        ctx, plan, stragglers = self.planner.first_exchange(round_idx, durations)
         evaluate = self.evaluates(round_idx)
         accounting = RoundAccounting(round_idx, observer=self.diag)  # the diagnostics hear every transfer
         timings = []
@@ -616,8 +524,8 @@ class FederatedTrainer:
         metrics.update({f"time/{k}": v for k, v in timing.items()})
         metrics["time/elapsed"] = self.clock.advance(timing["duration"])
         if evaluate:
-            metrics.update(self._consensus_metrics())
-        self._extra_metrics.update(self.algorithm.evaluate_round(self.evaluation_context(round_idx, evaluate)))
+            metrics.update(self.state.consensus_metrics())
+        self._extra_metrics.update(self.algorithm.evaluate_round(self.state.evaluation_context(round_idx, evaluate)))
         self._call("on_federated_round_end")
         metrics.update(personal_spread([r.acc_trained for r in accounting.records if r.acc_trained is not None]))
         if self.diag is not None:
@@ -630,36 +538,6 @@ class FederatedTrainer:
         self.reporter.log_round(round_idx, metrics, accounting.client_rows())
         return metrics
 
-    def evaluation_context(self, round_idx: int, evaluates: bool) -> EvaluationContext:
-        """What :meth:`~Algorithm.evaluate_round` may use at ``round_idx``'s end."""
-        return EvaluationContext(round_idx=round_idx, num_rounds=self.rounds, num_clients=self.num_clients,
-                                 seed=self.seed, evaluates=evaluates, store=self.store, module=self.module,
-                                 optimizer=self.optimizer, fabric=self.fabric, local_epochs=self.local_epochs,
-                                 local_steps=self.local_steps, worker=self.worker, load_weights=self.executor.load,
-                                 test_batches=self.state.test_batches, draw_train_batches=self.state.train_batches,
-                                 shared_model=self.shared_model)
-
     def test_batches(self, client: int) -> CountingBatches:
         """The client's test batches on the worker's device, in the precision's input dtype."""
         return self.state.test_batches(client)
-
-    def shared_model(self) -> tuple[dict[str, Tensor], dict[str, Tensor]] | None:
-        """The algorithm's shared model (the average of its :meth:`~Algorithm.consensus_sources`) and the
-        mask it is tested with; ``None`` when it has none."""
-        sources = self.algorithm.consensus_sources(self.num_clients)
-        if not sources:
-            return None
-        # gather gives views and masked_average accumulates source by source: no (K, ...) copy
-        average = masked_average(*self.store.gather([(s.node, s.fresh) for s in sources]))
-        return average, self.store.mask(sources[0].node)
-
-    def _consensus_metrics(self) -> dict[str, float]:
-        shared = self.shared_model()
-        if shared is None:
-            return {}
-        average, mask = shared
-        self.module.mask.load_(mask, apply=False)
-        self.executor.load(average)
-        if self.algorithm.headline == "global":
-            return global_test_metrics(self.module, self.fabric, self.state.global_test_batches())
-        return shared_model_metrics(self.module, self.fabric, self.num_clients, self.state.test_batches)

@@ -1,0 +1,80 @@
+"""The client store of a run, built when ``fit`` sets up: the fields it declares (the algorithm's, the
+kept optimizer state, the callbacks'), its backend and device (checked to fit before anything is
+allocated), and every node's initial model and mask.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_info
+from torch import Tensor
+
+from lightning_dfl.federation.compact_state import store_class
+from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED
+from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.federation.store_memory import check_store_fits, pin_store_memory, resolve_store_device, store_bytes
+from lightning_dfl.seeding import derive_seed
+from lightning_dfl.sparse.masks import Masks
+
+__all__ = ["MASK_THREADS", "build_store", "initial_masks", "state_fields"]
+
+#: threads that draw the clients' initial masks at set-up (``torch.randperm`` of a large layer is serial)
+MASK_THREADS = 8
+
+
+def state_fields(algorithm: Any, callbacks: list[Any], owner: Any, model: Any) -> list[StateField]:
+    """The store's declared fields: the algorithm's, its kept optimizer state, the callbacks'
+    (``client_state_fields(owner, model)``, ``owner`` the trainer the callbacks see)."""
+    fields = list(algorithm.state_fields())
+    for key in algorithm.keep_optimizer_state:
+        fields.append(StateField(OPTIMIZER_FIELD.format(key), like="weights", dtype=None))
+    if algorithm.keep_optimizer_state:
+        fields.append(StateField(OPTIMIZER_STARTED, dtype=torch.bool))
+    for callback in callbacks:
+        declare = getattr(callback, "client_state_fields", None)
+        if callable(declare):
+            fields.extend(StateField(**spec) for spec in declare(owner, model))
+    return fields
+
+
+def initial_masks(model: Any, personal: bool, seed: int, num_clients: int, num_nodes: int) -> Iterator[Masks]:
+    """Every node's initial mask in node order: with ``personal`` masks a client's own random one (seeded by
+    its index), else the module's. Drawn on a few threads (each client has its own generator, so the masks
+    do not depend on the threads), a few ahead of the node being initialized."""
+    shared = model.mask.state()
+    if not personal:
+        yield from (shared for _ in range(num_nodes))
+        return
+
+    def draw(node: int) -> Masks:
+        if node >= num_clients:
+            return shared
+        return model.initial_masks(torch.Generator().manual_seed(derive_seed(seed, "mask", node)))
+
+    workers = max(1, min(MASK_THREADS, os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        for start in range(0, num_nodes, 2 * workers):
+            yield from pool.map(draw, range(start, min(num_nodes, start + 2 * workers)))
+
+
+def build_store(kind: str, where: str, worker: dict[str, Tensor], model: Any, fields: list[StateField],
+                num_clients: int, num_nodes: int, personal_masks: bool, seed: int, worker_device: torch.device,
+                processes: int) -> ClientStore:
+    """The run's client store (``kind``: dense or compact; ``where``: its ``store_device`` setting), checked to
+    fit before it is allocated, every node initialized with the worker's model and its initial mask."""
+    masked, density = list(model.mask.masks), model.mask.density()
+    estimate = store_bytes(kind, worker, masked, num_nodes, density, fields)
+    device, reason = resolve_store_device(where, worker_device, estimate)
+    if where == "auto" and worker_device.type != "cpu":
+        rank_zero_info(f"Client store on {device}: {reason}")
+    check_store_fits(kind, worker, masked, num_nodes, density, device, processes=processes)
+    store = store_class(kind)(worker, masked, num_nodes, device=device, fields=fields,
+                              pin_memory=pin_store_memory(device, worker_device, estimate, processes))
+    for node, mask in enumerate(initial_masks(model, personal_masks, seed, num_clients, num_nodes)):
+        store.initialize(node, worker, mask)
+    return store
