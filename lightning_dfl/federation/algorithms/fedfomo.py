@@ -112,7 +112,7 @@ class FedFomo(Algorithm):
 
     The split: one pass of the client's training batches drawn by a generator seeded by (seed, client)
     only, so the same samples in the same order every round (:meth:`split`; the datamodule's batches,
-    reached through the algorithm's callback :class:`FedFomoData`); the first ``val_fraction`` are its
+    drawn through the task context's ``draw_train_batches``); the first ``val_fraction`` are its
     validation set, the rest is what it trains on, re-shuffled each round. Augmented data sets (CIFAR)
     thus train on one fixed augmentation per sample; a datamodule option (``validation_fraction``, with
     ``client_val_batches(k)`` and training batches that exclude it) would restore fresh augmentation.
