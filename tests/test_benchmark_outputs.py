@@ -33,3 +33,24 @@ def test_out_names_the_results_folder(tmp_path, monkeypatch, capsys, name, args,
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == sorted(files)
     assert f"wrote {tmp_path / 'mine' / files[0]}" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in (BENCHMARKS / "results").glob("*")} == committed
+
+
+def test_round_phases_splits_a_round_into_timed_phases(tmp_path, monkeypatch):
+    """The phase table of two digits rounds: every phase timed, their sum within the round's wall time, the
+    SGD steps the largest share; the table goes where --out says and the run leaves no folder behind."""
+    script = _script("round_phases")
+    out = tmp_path / "phases.md"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["round_phases.py", "--config", str(BENCHMARKS.parent / "configs" / "dispfl_digits.yaml"),
+                                     "--rounds", "2", "--out", str(out), "--", "--data.num_clients", "6",
+                                     "--trainer.algorithm.num_neighbors", "2", "--trainer.diagnostics", "false"])
+    script.main()
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| 1 ") or
+            line.startswith("| 2 ")]
+    assert len(rows) == 2
+    for cells in rows:
+        wall, *phases = (float(c) for c in cells[1:])
+        named, other = phases[:-1], phases[-1]
+        assert all(p >= 0 for p in named) and other >= -1e-6 and abs(sum(named) + other - wall) < 0.02
+        assert phases[script.PHASES.index("local_train")] == max(named)  # the SGD steps dominate
+    assert not list(tmp_path.glob("runs"))

@@ -1,0 +1,166 @@
+"""Where a round's time goes: a ``lightning-dfl fit`` config run in this process with its phases timed.
+
+Any config and overrides, as on the command line (``--rounds`` rounds, default 2: the first warms up).
+Each round's wall time is split by timing, around every call, the algorithm's hooks and the engine's
+steps a task or a round goes through (the device is synchronised at each boundary, so a GPU's queued
+work is charged to the phase that queued it):
+
+* ``messages`` (:meth:`Algorithm.message`), ``aggregate``, ``evaluate`` (both the aggregated and the
+  trained model), ``local_train`` (the SGD steps), ``callbacks`` (the callbacks' task hooks: RigL's
+  regrowth gradient and mask search, voting, PQI), ``publish`` (the store's writes);
+* ``round end``: the shared model's evaluation and the algorithm's own (``evaluate_round``);
+* ``other``: what is left of the round (planning, the clock, accounting, logging, diagnostics).
+
+``--profile-top N`` also runs ``torch.profiler`` over the last round and prints its N most expensive
+operators (by self device time on a GPU, self CPU time otherwise).
+
+    python benchmarks/round_phases.py --config configs/dispfl_digits.yaml
+    python benchmarks/round_phases.py --config configs/dispfl_cifar10_dir.yaml --device cuda --profile-top 25 -- \\
+        --data.dataset image_folder --data.root ~/.cache/lightning-dfl/cifar10-jpg --trainer.store compact
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import datetime
+import functools
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_dfl.fit_cli import FederatedCLI
+
+PHASES = ("messages", "aggregate", "evaluate", "local_train", "callbacks", "publish", "round end", "other")
+#: the callbacks' hooks that run inside a client's task
+TASK_HOOKS = ("on_client_before_aggregation", "on_client_train_end", "on_client_end")
+
+
+class PhaseTimer:
+    """Seconds per phase, summed over the calls of the current round (nested phases are charged once, to the
+    outermost)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self._depth = 0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        if self._depth:  # inside another phase: charged to that one
+            yield
+            return
+        self._depth += 1
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] += time.perf_counter() - start
+            self._depth -= 1
+
+    def wrap(self, owner: Any, method: str, name: str) -> None:
+        """Time every call of ``owner.method`` as phase ``name`` (an instance attribute shadows the method)."""
+        original = getattr(owner, method)
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self.phase(name):
+                return original(*args, **kwargs)
+
+        setattr(owner, method, timed)
+
+
+def instrument(trainer: Any, timer: PhaseTimer) -> None:
+    """Wrap the algorithm's hooks, the callbacks' task hooks, the store's writes and the round's end."""
+    algorithm = trainer.algorithm
+    for method, name in (("message", "messages"), ("aggregate", "aggregate"), ("evaluate", "evaluate"),
+                         ("local_train", "local_train"), ("evaluate_round", "round end")):
+        timer.wrap(algorithm, method, name)
+    for callback in trainer.callbacks:
+        for hook in TASK_HOOKS:
+            if callable(getattr(callback, hook, None)):
+                timer.wrap(callback, hook, "callbacks")
+    original_setup = trainer._setup
+
+    def setup(*args: Any, **kwargs: Any) -> None:
+        original_setup(*args, **kwargs)
+        for method in ("publish", "set_mask", "write"):
+            timer.wrap(trainer.store, method, "publish")
+        timer.wrap(trainer.state, "consensus_metrics", "round end")
+
+    trainer._setup = setup
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds to run (the first is a warm-up)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--profile-top", type=int, default=0, help="torch.profiler's top N operators of the last round")
+    parser.add_argument("--out", default=None, help="also write the table to this file")
+    parser.add_argument("overrides", nargs="*", help="more fit options, after --")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="round_phases_"))  # the run's folder, removed at the end
+    cli = FederatedCLI(args=["--config", args.config, *args.overrides, "--trainer.rounds", str(args.rounds),
+                             "--trainer.accelerator", "gpu" if args.device == "cuda" else "cpu",
+                             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root)],
+                       run=False)
+    trainer = cli.trainer
+    timer = PhaseTimer(torch.device(args.device))
+    instrument(trainer, timer)
+    rows: list[tuple[int, float, dict[str, float]]] = []
+    profiler_table = ""
+    original_round = trainer.run_round
+
+    def run_round(round_idx: int) -> dict[str, float]:
+        nonlocal profiler_table
+        timer.seconds.clear()
+        last = round_idx == args.rounds - 1
+        profiling = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if args.device == "cuda" else [])) \
+            if last and args.profile_top else contextlib.nullcontext()
+        start = time.perf_counter()
+        with profiling as prof:
+            metrics = original_round(round_idx)
+        wall = time.perf_counter() - start
+        if prof is not None:
+            key = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
+            profiler_table = prof.key_averages().table(sort_by=key, row_limit=args.profile_top)
+        rows.append((round_idx, wall, dict(timer.seconds)))
+        return metrics
+
+    trainer.run_round = run_round
+    try:
+        trainer.fit(cli.model, cli.datamodule)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    lines = [f"# Round phases: {args.config} {' '.join(args.overrides)}", "",
+             f"- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; device: {device}; torch "
+             f"{torch.__version__}; threads {torch.get_num_threads()}; command: `{' '.join(sys.argv)}`", "",
+             "| round | wall s | " + " | ".join(PHASES) + " |", "|---|---|" + "---|" * len(PHASES)]
+    for round_idx, wall, seconds in rows:
+        other = wall - sum(seconds.values())
+        cells = [f"{seconds.get(p, 0.0):.2f}" for p in PHASES[:-1]] + [f"{other:.2f}"]
+        lines.append(f"| {round_idx + 1} | {wall:.2f} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n" + (f"\n```\n{profiler_table}\n```\n" if profiler_table else "")
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
