@@ -48,3 +48,10 @@ def check_positive(name: str, value: object) -> float:
     if is_number(value) and value > 0:
         return float(value)
     raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is ``True`` or ``False``; else a ``ValueError`` naming ``name``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value

@@ -193,3 +193,15 @@ class Clock:
 
 
 __all__ = ["DISTRIBUTIONS", "Clock", "default_durations", "finish_times"]
+
+
+def build_clock(client_speeds: Sequence[float] | None, clock: Clock | None) -> Clock:
+    """The run's clock: ``clock``, or one of unit times scaled by ``client_speeds`` (a task takes ``1 / speed``);
+    not both."""
+    if client_speeds is not None and clock is not None:
+        raise ValueError("give client_speeds or a clock, not both (client_speeds is Clock(speeds=...))")
+    if client_speeds is not None and any(s <= 0 for s in client_speeds):
+        raise ValueError(f"client_speeds must all be > 0, got {list(client_speeds)}")
+    if clock is not None and not isinstance(clock, Clock):
+        raise ValueError(f"clock must be a lightning_dfl.federation.clock.Clock, got {type(clock).__name__}")
+    return clock if clock is not None else Clock(speeds=client_speeds)

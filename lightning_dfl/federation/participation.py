@@ -13,11 +13,21 @@ from typing import Any
 
 import numpy as np
 
+from lightning_dfl.checks import is_number
 from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.context import RoundContext
 from lightning_dfl.seeding import derive_seed
 
-__all__ = ["RoundPlanner"]
+__all__ = ["RoundPlanner", "check_faults"]
+
+
+def check_faults(dropout: Any, deadline: Any) -> tuple[float, float | None]:
+    """``(dropout, deadline)`` checked: a probability in [0, 1), and a time > 0 or ``None`` (no deadline)."""
+    if not is_number(dropout) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+    if deadline is not None and (not is_number(deadline) or deadline <= 0):
+        raise ValueError(f"deadline must be a time > 0 (or None: no deadline), got {deadline!r}")
+    return float(dropout), None if deadline is None else float(deadline)
 
 
 @dataclasses.dataclass(frozen=True)

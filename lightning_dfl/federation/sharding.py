@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_dfl.callbacks.base import defined_hooks
+from lightning_dfl.checks import check_int
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.plan import RoundPlan
@@ -62,6 +63,21 @@ def _opted_in(cls: type) -> bool:
     a behaviour hook without declaring it again)."""
     declares = getattr(cls, "declares", None)
     return bool(declares("shardable")) if declares is not None else bool(vars(cls).get("shardable", False))
+
+
+def check_processes(devices: Any, num_nodes: Any, strategy: str) -> tuple[int, int, str]:
+    """``(devices, num_nodes, strategy)`` checked: processes per machine and machines (ints >= 1; ``devices`` may
+    be a digit string), and a strategy that fits their product (``"auto"``/``"single_device"`` for one process,
+    ``"auto"``/``"ddp"`` for several: each process trains its own clients, so several give ``"ddp"``)."""
+    devices = check_int("devices (processes per node)", int(devices) if isinstance(devices, str) and devices.isdigit()
+                        else devices, 1)
+    num_nodes = check_int("num_nodes", num_nodes, 1)
+    world_size = devices * num_nodes
+    allowed = ("auto", "single_device") if world_size == 1 else ("auto", "ddp")
+    if strategy not in allowed:
+        raise ValueError(f"strategy={strategy!r} with {world_size} process(es): each process trains its own "
+                         f"clients with one worker; allowed: {', '.join(repr(a) for a in allowed)}")
+    return devices, num_nodes, "ddp" if world_size > 1 else strategy
 
 
 def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:

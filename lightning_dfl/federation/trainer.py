@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import Logger
 
 from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.callbacks.base import check_supported
-from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.checks import check_bool, check_int
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import RunDiverged, mark_in_round
 from lightning_dfl.federation.accounting import RoundAccounting
@@ -33,7 +33,7 @@ from lightning_dfl.federation.algorithms import Algorithm, DisPFL
 from lightning_dfl.federation.batched import batched_executor, check_batchable
 from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from lightning_dfl.federation.checkpoint_io import check_file
-from lightning_dfl.federation.clock import Clock
+from lightning_dfl.federation.clock import Clock, build_clock
 from lightning_dfl.federation.compact_state import check_store_kind
 from lightning_dfl.federation.context import CountingBatches
 from lightning_dfl.federation.diagnostics import AUTO_MAX_K, RunDiagnostics, check_diagnostics, personal_spread
@@ -48,9 +48,9 @@ from lightning_dfl.federation.kernels import (
     input_converter,
     resolve_memory_format,
 )
-from lightning_dfl.federation.participation import RoundPlanner
+from lightning_dfl.federation.participation import RoundPlanner, check_faults
 from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
-from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
+from lightning_dfl.federation.sharding import ShardedExecutor, check_processes, check_shardable
 from lightning_dfl.federation.state import ClientFields, ClientStore
 from lightning_dfl.federation.store_memory import (
     check_store_device,
@@ -174,41 +174,20 @@ class FederatedTrainer:
         if local_steps is not None:
             check_int("local_steps (None: local_epochs epochs)", local_steps, 1)
         check_int("eval_every", eval_every, 1)
-        devices = check_int("devices (processes per node)", int(devices) if isinstance(devices, str)
-                            and devices.isdigit() else devices, 1)
-        num_nodes = check_int("num_nodes", num_nodes, 1)
+        devices, num_nodes, strategy = check_processes(devices, num_nodes, strategy)
         world_size = devices * num_nodes
-        allowed = ("auto", "single_device") if world_size == 1 else ("auto", "ddp")
-        if strategy not in allowed:
-            raise ValueError(f"strategy={strategy!r} with {world_size} process(es): each process trains its own "
-                             f"clients with one worker; allowed: {', '.join(repr(a) for a in allowed)}")
         check_store_device(store_device)
         self.store_kind = check_store_kind(store)
         self.checkpoint_every = check_int("checkpoint_every (0: never)", checkpoint_every, 0)
         self.cpu_threads = None if cpu_threads is None else check_int("cpu_threads", cpu_threads, 1)
-        if client_speeds is not None and clock is not None:
-            raise ValueError("give client_speeds or a clock, not both (client_speeds is Clock(speeds=...))")
-        if client_speeds is not None and any(s <= 0 for s in client_speeds):
-            raise ValueError(f"client_speeds must all be > 0, got {list(client_speeds)}")
-        if clock is not None and not isinstance(clock, Clock):
-            raise ValueError(f"clock must be a lightning_dfl.federation.clock.Clock, got {type(clock).__name__}")
-        self.clock = clock if clock is not None else Clock(speeds=client_speeds)
-        if not is_number(dropout) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
-        if deadline is not None and (not is_number(deadline) or deadline <= 0):
-            raise ValueError(f"deadline must be a time > 0 (or None: no deadline), got {deadline!r}")
-        self.dropout = float(dropout)
-        self.deadline = None if deadline is None else float(deadline)
+        self.clock = build_clock(client_speeds, clock)
+        self.dropout, self.deadline = check_faults(dropout, deadline)
         self.resume_allow = tuple(resume_allow)
-        if not isinstance(batched_clients, bool):
-            raise ValueError(f"batched_clients must be True or False, got {batched_clients!r}")
-        if batched_clients and world_size > 1:
+        if check_bool("batched_clients", batched_clients) and world_size > 1:
             raise ValueError("batched_clients trains a level's clients together in one process; it cannot be "
                              f"combined with {world_size} processes yet: use devices=1, or batched_clients=False")
         self.batched_clients = batched_clients
-        if not isinstance(tune_allocator, bool):
-            raise ValueError(f"tune_allocator must be True or False, got {tune_allocator!r}")
-        self.tune_allocator = tune_allocator
+        self.tune_allocator = check_bool("tune_allocator", tune_allocator)
         self.memory_format = check_memory_format(memory_format)
         self.matmul_precision = check_matmul_precision(matmul_precision)
         self.diagnostics = check_diagnostics(diagnostics)
@@ -230,7 +209,7 @@ class FederatedTrainer:
         self.default_root_dir = default_root_dir
         self.precision = precision
         self._fabric_kwargs = {"accelerator": accelerator, "devices": devices, "num_nodes": num_nodes,
-                               "precision": precision, "strategy": "ddp" if world_size > 1 else strategy}
+                               "precision": precision, "strategy": strategy}
         self.fabric = Fabric(**self._fabric_kwargs)  # validates accelerator and precision now; rebuilt in fit
         self.callbacks = self._merge_callbacks(callbacks)
         self.logger = build_logger(logger, default_root_dir, self.algorithm.name)
