@@ -399,7 +399,7 @@ def _bug(err: BaseException) -> NoReturn:
     and one last line saying where to report it."""
     traceback.print_exception(err)
     round_idx = raised_in_round(err)
-    where = f" (raised in round {round_idx})" if round_idx is not None else ""
+    where = f" (raised in round {round_idx + 1}, metrics.csv's round {round_idx})" if round_idx is not None else ""
     sys.stderr.write(f"{PROG}: internal error{where}: {REPORT_HINT}\n")
     raise SystemExit(1)
 

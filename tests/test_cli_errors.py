@@ -402,7 +402,8 @@ def test_an_error_raised_inside_a_round_is_a_bug_not_bad_input(tmp_path, monkeyp
     assert info.value.code == 1, err
     assert "Traceback" in err and type(error).__name__ in err and "lightning-dfl: error" not in err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("lightning-dfl: internal error (raised in round 0): this is a bug") and "report" in last
+    assert last.startswith("lightning-dfl: internal error (raised in round 1, metrics.csv's round 0): this is a bug")
+    assert "report" in last
 
 
 def test_every_client_diverging_is_one_line_naming_round_clients_and_cause(tmp_path, monkeypatch, capsys):
@@ -412,5 +413,6 @@ def test_every_client_diverging_is_one_line_naming_round_clients_and_cause(tmp_p
     err = capsys.readouterr().err
     assert info.value.code == 3, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("lightning-dfl: error: the run diverged: round 0: every client that trained (20: [0, 1, 2")
+    assert err.startswith("lightning-dfl: error: the run diverged: round 1 of")
+    assert "every client that trained (20: [0, 1, 2" in err
     assert "learning rate is probably too high" in err

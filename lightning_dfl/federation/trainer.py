@@ -490,7 +490,7 @@ class FederatedTrainer:
         failed = sorted(r.client for r in accounting.records if r.nonfinite)
         if failed and len(failed) == len(accounting.records):
             raise RunDiverged(
-                f"round {round_idx}: every client that trained ({len(failed)}: {failed}) ended with non-finite "
+                f"round {round_idx + 1} of {self.rounds}: every client that trained ({len(failed)}: {failed}) ended with non-finite "
                 "(or above 1e30) weights or loss; the learning rate is probably too high for this model and data (or the data "
                 "hold NaN/inf values). The last checkpoint holds finite weights only")
         metrics = accounting.metrics()
