@@ -26,7 +26,12 @@ from lightning_dfl.federation.evaluation import global_test_metrics, shared_mode
 from lightning_dfl.federation.state import ClientStore
 from lightning_dfl.transfers import copy_all_
 
-__all__ = ["FederationState", "HookDispatch"]
+__all__ = ["FederationState", "HookDispatch", "is_evaluated"]
+
+
+def is_evaluated(round_idx: int, eval_every: int, rounds: int) -> bool:
+    """Whether round ``round_idx`` (from 0) of ``rounds`` is evaluated: every ``eval_every``-th, and the last."""
+    return (round_idx + 1) % eval_every == 0 or round_idx == rounds - 1
 
 
 class HookDispatch:
@@ -85,7 +90,7 @@ class FederationState:
 
     def evaluates(self, round_idx: int) -> bool:
         """Whether ``round_idx`` is an evaluated round: every ``eval_every``-th, and the last."""
-        return (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
+        return is_evaluated(round_idx, self.eval_every, self.rounds)
 
     def train_batches(self, client: int, generator: torch.Generator) -> CountingBatches:
         """The client's training batches drawn with ``generator``, on the worker's device, in the precision's
