@@ -465,6 +465,12 @@ def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
         ys = [runs[r["run"]][key] for r in sweep if runs[r["run"]]["reached"]]
         left.plot(xs, ys, f"-{marker}", label=f"time to target ({name})")
     missed = [r["W"] for r in sweep if not runs[r["run"]]["reached"]]
+    thresholds = data["config"].get("threshold_list") or []
+    for i, acc in enumerate(thresholds):  # the time to each threshold reached by some swept run (incl. warm-up)
+        pts = [(r["W"], time_to(runs[r["run"]], acc)) for r in sweep]
+        pts = [(w, t) for w, t in pts if t is not None]
+        if pts:
+            left.plot(*zip(*pts), "-^", color=f"C{5 + i}", alpha=0.8, label=f"time to {100 * acc:.0f}%")
     for w in missed:
         left.axvline(w, color="grey", ls=":", lw=1)
     psfl = runs["psfl"]
@@ -474,8 +480,8 @@ def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
                                                                         f"= {psfl[key]:.2f}")
     baselines = [str(w) for w in (1, data["config"]["n0"]) if any(r["W"] == w and r["run"] != "psfl" for r in sweep)]
     left.set(xscale="log", xlabel="W (S = N0 // W)", ylabel="simulated time to target",
-             title="(S, W) sweep" + (f" (W = {', '.join(baselines)}: SFL/FedAvg runs, no warm-up)" if baselines else "")
-             + (f"; dotted: not reached (W = {missed})" if missed else ""))
+             title="(S, W) sweep" + (f" (W = {', '.join(baselines)}: SFL/FedAvg, no warm-up)" if baselines else "")
+             + (f"\ndotted: target {target:.2f} not reached (W = {', '.join(map(str, missed))})" if missed else ""))
     left.set_xticks(ws, [str(w) for w in ws])
     left.grid(alpha=0.3)
     left.legend(fontsize="small")
@@ -484,7 +490,9 @@ def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
         x, y = _curve(runs[row["run"]])
         right.plot(x, y, "-", color=colours[row["W"]], label=f"S={row['S']}, W={row['W']}")
     right.axhline(target, color="k", ls="--", lw=0.8)
-    right.set(xlabel="simulated time", ylabel="global test accuracy", title="accuracy per structure", ylim=(0, 1))
+    top = max([target] + [m["acc/global"] for r in sweep for m in runs[r["run"]]["history"] if "acc/global" in m])
+    right.set(xlabel="simulated time", ylabel="global test accuracy", title="accuracy per structure",
+              ylim=(0, 1 if top > 0.7 else min(1.0, top + 0.1)))
     right.grid(alpha=0.3)
     right.legend(fontsize="small", loc="lower right")
     paths.append(out / f"{cfg.get('name', 'compare_psfl')}_sweep.png")
