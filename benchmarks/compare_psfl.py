@@ -29,6 +29,11 @@ The results go to ``<out>/compare_psfl.{json,md}`` and two plots, ``compare_psfl
 
     python benchmarks/compare_psfl.py                    # ~15 min on 2 shared CPU cores
     python benchmarks/compare_psfl.py --train-samples 0  # all 60,000 training images (warm-up ~3x longer)
+
+``--dataset image_folder --root <folder>/cifar10-jpg`` runs the paper's own CIFAR-10 setting on the JPEG
+copy (3x32x32); ``--name`` sets the output files' stem (e.g. ``compare_psfl_cifar10``) so the MNIST
+results stay, and ``--thresholds`` adds the time to several accuracies read from the curves
+(benchmarks/README.md gives the CIFAR-10 command).
 """
 
 from __future__ import annotations
@@ -112,7 +117,7 @@ def make_clock() -> Clock:
 
 def build_datamodule(args: argparse.Namespace) -> FederatedDataModule:
     return FederatedDataModule(
-        dataset="mnist", root=args.root, num_clients=args.clients, partition="exdir", classes_per_client=2,
+        dataset=args.dataset, root=args.root, num_clients=args.clients, partition="exdir", classes_per_client=2,
         alpha=10.0, min_size=10, batch_size=args.batch_size, test_samples_per_client=args.test_samples,
         augment=False, seed=args.seed, max_train_samples=args.train_samples or None,
     )
@@ -129,12 +134,14 @@ def psfl_kwargs(args: argparse.Namespace, sampler: str) -> dict[str, Any]:
 
 
 def trainer_for(algorithm: PSFL, args: argparse.Namespace, rounds: int, eval_every: int, root: str,
-                callbacks: list | None = None, checkpoint_every: int = 0) -> FederatedTrainer:
+                callbacks: list | None = None, checkpoint_every: int = 0, resuming: bool = False) -> FederatedTrainer:
+    """``resuming``: the run resumes from the warm-up's checkpoint (``resume_allow=["algorithm"]``; the trainer
+    refuses ``resume_allow`` on a fresh start)."""
     return FederatedTrainer(
         algorithm, rounds=rounds, local_steps=args.local_steps, eval_every=eval_every, clock=make_clock(),
         accelerator="cpu", logger=False, default_root_dir=root, seed=args.seed, enable_progress_bar=False,
         cpu_threads=args.threads, callbacks=callbacks, checkpoint_every=checkpoint_every,
-        resume_allow=["algorithm"],
+        resume_allow=["algorithm"] if resuming else (),
     )
 
 
@@ -181,7 +188,8 @@ def run_one(label: str, algorithm: PSFL, args: argparse.Namespace, datamodule: F
     or ``rounds`` training rounds."""
     warm = args.warmup_rounds if ckpt is not None else 0
     trainer = trainer_for(algorithm, args, rounds=warm + rounds, eval_every=eval_every, root=root,
-                          callbacks=[StopAtTarget(args.target, args.after_target, args.time_budget)])
+                          callbacks=[StopAtTarget(args.target, args.after_target, args.time_budget)],
+                          resuming=ckpt is not None)
     start = time.perf_counter()
     try:
         trainer.fit(build_model(args), datamodule, ckpt_path=str(ckpt) if ckpt is not None else None)
@@ -189,7 +197,7 @@ def run_one(label: str, algorithm: PSFL, args: argparse.Namespace, datamodule: F
         pass
     wall = time.perf_counter() - start
     history = [{k: float(v) for k, v in m.items()} for m in trainer.history]
-    record = {"label": label, "algorithm": repr(algorithm), "eval_every": eval_every, "round_budget": rounds,
+    record = {"label": label, "algorithm": repr(algorithm), "eval_every": eval_every, "round_budget": rounds, "warmup_rounds": warm,
               "wall_time_s": wall, **summarize(history, args.target, warm), "history": history}
     tt = record["time_to_target"]
     missed = (f"target not reached in {record['rounds_run']} rounds (time {record['elapsed']:.1f}, "
@@ -222,11 +230,14 @@ def simulate_samplers(args: argparse.Namespace, structures: list[tuple[int, int]
             alg = PSFL(**psfl_kwargs(args, sampler))
             for r in range(args.warmup_rounds):
                 alg.plan_round(ctx(r))
+                alg.round_metrics({})  # PSFL records a round's observed times once the round ran
             state = alg.state_dict()
             state["structure"] = [width, length]
             alg.load_state_dict(state)
-            durations = [clock.round_metrics(alg.plan_round(ctx(r)), times[r])["duration"]
-                         for r in range(args.warmup_rounds, total)]
+            durations = []
+            for r in range(args.warmup_rounds, total):
+                durations.append(clock.round_metrics(alg.plan_round(ctx(r)), times[r])["duration"])
+                alg.round_metrics({})
             row[sampler] = {"mean": float(np.mean(durations)), "std": float(np.std(durations))}
         out["structures"][f"{width}x{length}"] = {"W": width, "S": length, **row}
     out["base_times"] = {str(v): int(sum(1 for t in clock.base_times if t == v)) for v in sorted(set(clock.base_times))}
@@ -245,19 +256,46 @@ def _time_cell(rec: dict[str, Any]) -> str:
     return f"not reached (> {rec['elapsed']:.1f})"
 
 
+def _data_name(cfg: dict[str, Any]) -> str:
+    """The data set's name in the report: MNIST, or the image folder's name (``cifar10-jpg``: CIFAR-10)."""
+    if cfg.get("dataset", "mnist") == "mnist":
+        return "MNIST"
+    return {"cifar10-jpg": "CIFAR-10"}.get(Path(cfg.get("root", "")).name, Path(cfg.get("root", "")).name)
+
+
+def time_to(rec: dict[str, Any], accuracy: float) -> float | None:
+    """Simulated time at a run's first evaluation at or above ``accuracy`` (warm-up evaluations excluded)."""
+    warm = rec.get("warmup_rounds", 0)
+    return next((m["time/elapsed"] for i, m in enumerate(rec["history"])
+                 if i >= warm and m.get("acc/global", -1.0) >= accuracy), None)
+
+
+def late_mean(rec: dict[str, Any], start: float) -> float | None:
+    """Mean accuracy (%) of a run's evaluations at simulated time >= ``start`` (warm-up excluded)."""
+    warm = rec.get("warmup_rounds", 0)
+    accs = [m["acc/global"] for i, m in enumerate(rec["history"])
+            if i >= warm and "acc/global" in m and m["time/elapsed"] >= start]
+    return 100 * float(np.mean(accs)) if accs else None
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     cfg, runs = data["config"], data["runs"]
     psfl = runs["psfl"]
+    name = _data_name(cfg)
+    shape = "1x28x28" if name == "MNIST" else "3x32x32"
     lines = [
-        "# PSFL vs FedAvg vs SFL on MNIST",
+        f"# PSFL vs FedAvg vs SFL on {name}",
         "",
-        f"Generated by `benchmarks/compare_psfl.py` (seed {cfg['seed']}). N = {cfg['clients']} clients, ExDir(2, 10), "
+        f"Generated by `benchmarks/compare_psfl.py` (seed {cfg['seed']}"
+        + (f"; `{cfg['command']}`" if cfg.get("command") else "") + (f", {cfg['date']}" if cfg.get("date") else "")
+        + f"). N = {cfg['clients']} clients, ExDir(2, 10), "
         f"N0 = {cfg['n0']}, discrete client times {{0.5, 1, 2, 4, 5}} with 20% per-round noise, `{cfg['arch']}` "
-        f"(1x28x28), {cfg['local_steps']} local SGD steps of batch {cfg['batch_size']}, lr {cfg['lr']} (constant, "
+        f"({shape}), {cfg['local_steps']} local SGD steps of batch {cfg['batch_size']}, lr {cfg['lr']} (constant, "
         f"shared), momentum 0, weight decay 1e-4, "
-        + (f"a stratified {cfg['train_samples']}-image subset of MNIST's training split"
-           if cfg["train_samples"] else "all 60,000 training images")
-        + f", accuracy of the global model on the official 10,000-image test split; target {cfg['target']:.2f}. "
+        + (f"a stratified {cfg['train_samples']}-image subset of {name}'s training split"
+           if cfg["train_samples"] else f"all of {name}'s training images")
+        + f", accuracy of the global model on the official {'10,000-image ' if name in ('MNIST', 'CIFAR-10') else ''}"
+        f"test split; target {cfg['target']:.2f}. "
         f"PSFL: {cfg['warmup_rounds']}-round warm-up, kappa^2 estimator `{cfg['kappa2_estimator']}`, c0 = 0.1. "
         f"Machine: {cfg['machine']}.",
         "",
@@ -282,6 +320,24 @@ def render_markdown(data: dict[str, Any]) -> str:
         rel = ", ".join(f"{LABELS[k]} {100 * (psfl['time_to_target'] / runs[k]['time_to_target'] - 1):+.0f}%"
                         for k in ("fedavg", "sfl") if runs[k]["reached"])
         lines += ["", f"PSFL's time to target relative to the baselines: {rel} (negative: PSFL is faster)."]
+    thresholds = cfg.get("threshold_list") or []
+    half = cfg["time_budget"] / 2
+    if thresholds:
+        keys = ["psfl", "fedavg", "sfl"] + [r["run"] for r in data.get("sweep", []) if r["run"] not in LABELS]
+        lines += ["", "Simulated time to each accuracy, read from the recorded curves (first evaluation at or above it; "
+                      "PSFL's pipeline includes its warm-up; '-': not reached within the run):", "",
+                  "| run | (S, W) | " + " | ".join(f"{100 * t:.0f}%" for t in thresholds)
+                  + f" | best acc % | mean acc % over t >= {half:.0f} | time run |",
+                  "|---|---|" + "---|" * len(thresholds) + "---|---|---|"]
+        for key in keys:
+            rec = runs[key]
+            name = LABELS.get(key, rec["label"]) + (" (solved W*)" if key == "psfl" else "")
+            cells = [_num(time_to(rec, t)) for t in thresholds]
+            lines.append(f"| {name} | ({rec['S']:.0f}, {rec['W']:.0f}) | " + " | ".join(cells)
+                         + f" | {_num(100 * rec['best_accuracy'], '.2f')} | {_num(late_mean(rec, half), '.2f')} | "
+                         f"{rec['elapsed']:.1f} |")
+        lines += ["", f"Mean acc over t >= {half:.0f}: the mean of a run's evaluations in the second half of the time "
+                      "budget, less sensitive to the curves' swings between evaluations than a first crossing."]
     lines += [
         "",
         f"Solver (after the warm-up): sigma^2 = {_num(psfl.get('sigma2'), '.4g')}, B = {_num(psfl.get('B'), '.4g')}, "
@@ -319,7 +375,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     sim = data["samplers"]
     lines += [
         "",
-        f"## 3. Samplers: mean simulated round time ({sim['rounds']} planned rounds after the warm-up, no training)",
+        f"## 3. Samplers: mean simulated round time ({sim['rounds']} planned rounds after the warm-up, no training"
+        + (f"; redone {sim['redone']} with `--samplers-only`" if sim.get("redone") else "") + ")",
         "",
         "| (S, W) | time-based | uniform | weighted | time-based vs uniform | time-based vs weighted |",
         "|---|---|---|---|---|---|",
@@ -370,7 +427,8 @@ def _curve(rec: dict[str, Any]) -> tuple[list[float], list[float]]:
 def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
     runs, target = data["runs"], data["config"]["target"]
     paths = []
-    fig = _figure(7.0, 4.5)
+    swept = [r for r in data.get("sweep", []) if r["run"] not in LABELS]
+    fig = _figure(9.5 if swept else 7.0, 4.5)
     ax = fig.subplots()
     for key, colour in (("psfl", "C3"), ("fedavg", "C0"), ("sfl", "C2")):
         rec = runs[key]
@@ -378,14 +436,24 @@ def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
         ax.plot(x, y, "-o", ms=3, color=colour, label=f"{LABELS[key]} (S={rec['S']:.0f}, W={rec['W']:.0f})")
         if rec["reached"]:
             ax.axvline(rec["time_to_target"], color=colour, ls=":", lw=1)
+    for i, row in enumerate(swept):
+        x, y = _curve(runs[row["run"]])
+        ax.plot(x, y, "-", lw=1, alpha=0.7, color=("C1", "C4", "C5", "C6", "C8", "C9")[i % 6],
+                label=f"PSFL W={row['W']} forced (S={row['S']})")
     if runs["psfl"]["warmup_time"]:
         ax.axvspan(0, runs["psfl"]["warmup_time"], color="C3", alpha=0.1, label="PSFL warm-up")
     ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:.2f}")
-    ax.set(xlabel="simulated time", ylabel="global test accuracy", title="MNIST, N=500, N0=20, ExDir(2, 10)",
-           ylim=(0, 1))
+    cfg = data["config"]
+    top = max([target] + [m["acc/global"] for r in runs.values() for m in r["history"] if "acc/global" in m])
+    ax.set(xlabel="simulated time", ylabel="global test accuracy",
+           title=f"{_data_name(cfg)}, N={cfg['clients']}, N0={cfg['n0']}, ExDir(2, 10)",
+           ylim=(0, 1 if top > 0.7 else min(1.0, top + 0.1)))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="lower right")
-    paths.append(out / "compare_psfl_time.png")
+    if swept:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # the layout engine makes room
+    else:
+        ax.legend(fontsize="small", loc="lower right")
+    paths.append(out / f"{cfg.get('name', 'compare_psfl')}_time.png")
     fig.savefig(paths[-1])
 
     fig = _figure(12.0, 4.5)
@@ -397,6 +465,12 @@ def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
         ys = [runs[r["run"]][key] for r in sweep if runs[r["run"]]["reached"]]
         left.plot(xs, ys, f"-{marker}", label=f"time to target ({name})")
     missed = [r["W"] for r in sweep if not runs[r["run"]]["reached"]]
+    thresholds = data["config"].get("threshold_list") or []
+    for i, acc in enumerate(thresholds):  # the time to each threshold reached by some swept run (incl. warm-up)
+        pts = [(r["W"], time_to(runs[r["run"]], acc)) for r in sweep]
+        pts = [(w, t) for w, t in pts if t is not None]
+        if pts:
+            left.plot(*zip(*pts), "-^", color=f"C{5 + i}", alpha=0.8, label=f"time to {100 * acc:.0f}%")
     for w in missed:
         left.axvline(w, color="grey", ls=":", lw=1)
     psfl = runs["psfl"]
@@ -406,8 +480,8 @@ def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
                                                                         f"= {psfl[key]:.2f}")
     baselines = [str(w) for w in (1, data["config"]["n0"]) if any(r["W"] == w and r["run"] != "psfl" for r in sweep)]
     left.set(xscale="log", xlabel="W (S = N0 // W)", ylabel="simulated time to target",
-             title="(S, W) sweep" + (f" (W = {', '.join(baselines)}: SFL/FedAvg runs, no warm-up)" if baselines else "")
-             + (f"; dotted: not reached (W = {missed})" if missed else ""))
+             title="(S, W) sweep" + (f" (W = {', '.join(baselines)}: SFL/FedAvg, no warm-up)" if baselines else "")
+             + (f"\ndotted: target {target:.2f} not reached (W = {', '.join(map(str, missed))})" if missed else ""))
     left.set_xticks(ws, [str(w) for w in ws])
     left.grid(alpha=0.3)
     left.legend(fontsize="small")
@@ -416,10 +490,12 @@ def plot_results(data: dict[str, Any], out: Path) -> list[Path]:
         x, y = _curve(runs[row["run"]])
         right.plot(x, y, "-", color=colours[row["W"]], label=f"S={row['S']}, W={row['W']}")
     right.axhline(target, color="k", ls="--", lw=0.8)
-    right.set(xlabel="simulated time", ylabel="global test accuracy", title="accuracy per structure", ylim=(0, 1))
+    top = max([target] + [m["acc/global"] for r in sweep for m in runs[r["run"]]["history"] if "acc/global" in m])
+    right.set(xlabel="simulated time", ylabel="global test accuracy", title="accuracy per structure",
+              ylim=(0, 1 if top > 0.7 else min(1.0, top + 0.1)))
     right.grid(alpha=0.3)
     right.legend(fontsize="small", loc="lower right")
-    paths.append(out / "compare_psfl_sweep.png")
+    paths.append(out / f"{cfg.get('name', 'compare_psfl')}_sweep.png")
     fig.savefig(paths[-1])
     return paths
 
@@ -438,10 +514,15 @@ def _int_list(text: str) -> list[int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", choices=("mnist", "image_folder"), default="mnist",
+                   help="mnist (torchvision layout under --root) or image_folder (--root/{train,test}/<class>/, "
+                        "e.g. the CIFAR-10 JPEG copy ~/.cache/lightning-dfl/cifar10-jpg)")
     p.add_argument("--root", default=os.path.expanduser(os.environ.get("LIGHTNING_DFL_DATA", "~/.cache/lightning-dfl")),
                    help="data root (torchvision layout MNIST/raw); default: $LIGHTNING_DFL_DATA or ~/.cache/lightning-dfl; "
                         "torchvision.datasets.MNIST(ROOT, download=True) fetches the official copy where a network exists")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output folder")
+    p.add_argument("--name", default="compare_psfl",
+                   help="stem of the output files: <out>/<name>.{md,json}, <name>_time.png, <name>_sweep.png")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clients", type=int, default=500, help="N")
     p.add_argument("--n0", type=int, default=20, help="N0, clients per round")
@@ -464,6 +545,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stop a run that has not reached the target once its simulated time reaches this")
     p.add_argument("--eval-every-wide", type=int, default=2,
                    help="evaluate every this many rounds when W >= 10 (short rounds); else every round")
+    p.add_argument("--eval-every-mid", type=int, default=1,
+                   help="evaluate every this many rounds when 4 <= W < 10")
+    p.add_argument("--thresholds", default="",
+                   help="also report the simulated time to each of these accuracies (comma-separated), read from "
+                        "the recorded curves (runs still stop at --target or --time-budget)")
     p.add_argument("--sweep", default="1,2,4,5,10,20", help="W values of the (S, W) sweep (S = N0 // W)")
     p.add_argument("--sampler-rounds", type=int, default=1000, help="planned rounds per sampler and structure")
     p.add_argument("--sampler-runs", default="", help="trained runs of the solved structure with these samplers "
@@ -472,10 +558,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reuse", action="store_true",
                    help="reuse the runs of an interrupted invocation of the same setting "
                         "(<out>/compare_psfl.partial.json)")
+    p.add_argument("--samplers-only", action="store_true",
+                   help="redo the samplers' section (planning only) of <out>/<name>.json with its own setting, "
+                        "then the .md and the plots, without training")
     p.add_argument("--render-only", action="store_true",
                    help="redo <out>/compare_psfl.md and the plots from <out>/compare_psfl.json, without running")
     args = p.parse_args(argv)
     args.sweep_list = sorted(set(_int_list(args.sweep)))
+    args.threshold_list = sorted({float(t) for t in args.thresholds.split(",") if t.strip()})
     args.sampler_list = [s.strip() for s in args.sampler_runs.split(",") if s.strip()]
     if any(not 1 <= w <= args.n0 for w in args.sweep_list):
         p.error(f"--sweep values must be in [1, N0={args.n0}], got {args.sweep_list}")
@@ -483,40 +573,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--sampler-runs: allowed uniform, weighted; got {args.sampler_list}")
     if not 0 < args.target <= 1:
         p.error(f"--target must be in (0, 1], got {args.target}")
-    for key in ("rounds_psfl", "rounds_fedavg", "rounds_sfl", "time_budget", "eval_every_wide", "sampler_rounds",
-                "threads", "local_steps", "batch_size", "test_samples"):
+    for key in ("rounds_psfl", "rounds_fedavg", "rounds_sfl", "time_budget", "eval_every_wide", "eval_every_mid",
+                "sampler_rounds", "threads", "local_steps", "batch_size", "test_samples"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1")
     if args.warmup_rounds < 2:
         p.error("--warmup-rounds must be >= 2 (psfl-notes 12)")
-    if not (Path(args.root) / "MNIST" / "raw").is_dir():
+    args.root = os.path.expanduser(args.root)
+    training = not (args.render_only or args.samplers_only)  # these two read no data
+    if training and args.dataset == "mnist" and not (Path(args.root) / "MNIST" / "raw").is_dir():
         p.error(f"--root {args.root!r} has no MNIST/raw folder (torchvision layout)")
+    if training and args.dataset == "image_folder" and not all((Path(args.root) / h).is_dir() for h in ("train", "test")):
+        p.error(f"--root {args.root!r} has no train/ and test/ folders (--dataset image_folder)")
     return args
 
 
 def config_of(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("seed", "clients", "n0", "train_samples", "test_samples", "arch", "lr", "batch_size", "local_steps",
+    keys = ("dataset", "name", "seed", "clients", "n0", "train_samples", "test_samples", "arch", "lr", "batch_size", "local_steps",
             "target", "after_target", "warmup_rounds", "kappa2_estimator", "rounds_psfl", "rounds_fedavg",
-            "rounds_sfl", "time_budget", "eval_every_wide", "sweep_list", "sampler_rounds", "sampler_list", "threads")
+            "rounds_sfl", "time_budget", "eval_every_wide", "eval_every_mid", "sweep_list", "threshold_list", "sampler_rounds", "sampler_list",
+            "threads")
     return {k: getattr(args, k) for k in keys} | {"machine": machine(), "lr_decay": 1.0, "momentum": 0.0,
                                                   "weight_decay": 1e-4, "partition": "ExDir(2, 10)",
-                                                  "clock": "discrete {0.5, 1, 2, 4, 5}, noise 0.2"}
+                                                  "clock": "discrete {0.5, 1, 2, 4, 5}, noise 0.2"} | (
+        {} if args.dataset == "mnist" else {"root": args.root})
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
-    if args.render_only:
-        json_path = out / "compare_psfl.json"
+    if args.samplers_only:
+        json_path = out / f"{args.name}.json"
         data = json.loads(json_path.read_text())
-        (out / "compare_psfl.md").write_text(render_markdown(data))
+        cfg = data["config"]
+        setting = argparse.Namespace(**{**vars(args), **{k: cfg[k] for k in (
+            "clients", "n0", "seed", "warmup_rounds", "kappa2_estimator", "target", "sampler_rounds")}})
+        psfl = data["runs"]["psfl"]
+        structures = sorted({(r["W"], r["S"]) for r in data["sweep"]} | {(int(psfl["W"]), int(psfl["S"]))})
+        data["samplers"] = simulate_samplers(setting, structures, setting.sampler_rounds)
+        data["samplers"]["redone"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        json_path.write_text(json.dumps(data, indent=1, default=float))
+        (out / f"{args.name}.md").write_text(render_markdown(data))
+        plot_results(data, out)
+        print(f"redid the samplers of {json_path} and rendered {out / f'{args.name}.md'}")
+        return 0
+    if args.render_only:
+        json_path = out / f"{args.name}.json"
+        data = json.loads(json_path.read_text())
+        (out / f"{args.name}.md").write_text(render_markdown(data))
         plots = plot_results(data, out)
-        print(f"rendered {out / 'compare_psfl.md'}, {', '.join(str(p) for p in plots)} from {json_path}")
+        print(f"rendered {out / f'{args.name}.md'}, {', '.join(str(p) for p in plots)} from {json_path}")
         return 0
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*personal test sets deviate.*")
     out.mkdir(parents=True, exist_ok=True)
-    partial = out / "compare_psfl.partial.json"
+    partial = out / f"{args.name}.partial.json"
     t0 = time.perf_counter()
     datamodule = build_datamodule(args)
     datamodule.setup("fit")
@@ -524,11 +635,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {sum(sizes)} training images over {args.clients} clients ({min(sizes)}-{max(sizes)} each), "
           f"set up in {time.perf_counter() - t0:.0f} s", flush=True)
     data: dict[str, Any] = {"config": config_of(args), "runs": {}}
+    data["config"]["command"] = " ".join(["python benchmarks/compare_psfl.py", *(sys.argv[1:] if argv is None else argv)])
+    data["config"]["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs = data["runs"]
     cached: dict[str, Any] = {}
     if args.reuse and partial.exists():
         old = json.loads(partial.read_text())
-        free = {"machine", "sweep_list", "sampler_list", "sampler_rounds"}  # do not change any run
+        free = {"machine", "sweep_list", "sampler_list", "sampler_rounds", "command", "date"}  # do not change any run
         if {k: v for k, v in old["config"].items() if k not in free} == \
                 {k: v for k, v in data["config"].items() if k not in free}:
             cached = old
@@ -540,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     warm: dict[str, Any] = {}
 
     def eval_every(width: int) -> int:
-        return args.eval_every_wide if width >= 10 else 1
+        return args.eval_every_wide if width >= 10 else args.eval_every_mid if width >= 4 else 1
 
     def checkpoint() -> Path:
         """The warm-up's checkpoint, run on first use."""
@@ -596,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     data["wall_time_s"] = time.perf_counter() - t0
     data["compute_wall_time_s"] = (data.get("warmup") or {}).get("wall_time_s", 0.0) + sum(
         r["wall_time_s"] for r in runs.values())
-    json_path, md_path = out / "compare_psfl.json", out / "compare_psfl.md"
+    json_path, md_path = out / f"{args.name}.json", out / f"{args.name}.md"
     json_path.write_text(json.dumps(data, indent=1, default=float))
     md_path.write_text(render_markdown(data))
     plots = plot_results(data, out)
