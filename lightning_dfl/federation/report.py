@@ -121,7 +121,7 @@ class RoundReporter:
         count = int(metrics.get("acc/personal_count", 0))
         what = (f"acc/personal_mean averages only the {count} of {num_clients} clients evaluated "
                 "(acc/personal_count)" if count else "no client was evaluated: the round has no acc/personal_mean")
-        rank_zero_warn(f"round {round_idx}: {stragglers} client(s) missed the deadline; {what} (said once per run)")
+        rank_zero_warn(f"round {round_idx + 1}: {stragglers} client(s) missed the deadline; {what} (said once per run)")
 
     @staticmethod
     def warn_without_accuracy(summary: Any, deadline: float | None) -> None:
