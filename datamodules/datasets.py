@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_dfl import host_memory
 from lightning_dfl.checks import check_int, is_int, is_number
 from lightning_dfl.registry import Registry
 
@@ -192,9 +193,7 @@ def _check_image_size(image_size: int | None) -> None:
 def check_images_fit(count: int, channels: int, size: int) -> None:
     """Refuse ``count`` ``uint8`` images of ``channels x size x size`` that would not fit in the available memory
     (``MemAvailable``), before allocating them: one line naming ``image_size``, the bytes and the memory."""
-    from lightning_dfl.federation.store_memory import available_bytes
-
-    need, available = count * channels * size * size, available_bytes()
+    need, available = count * channels * size * size, host_memory.available_bytes()
     if available is not None and need > available:
         largest = max(1, int((available / max(1, count * channels)) ** 0.5))
         raise ValueError(f"image_size={size} would make {count} images of {channels}x{size}x{size} bytes take "

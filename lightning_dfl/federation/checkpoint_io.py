@@ -23,6 +23,10 @@ from typing import Any
 
 import torch
 
+from lightning_dfl.federation.compact_records import FORMAT as COMPACT_FORMAT
+from lightning_dfl.federation.compact_records import unpack_bits
+from lightning_dfl.host_memory import available_bytes
+
 FORMAT = "lightning-dfl/federation"
 FORMAT_VERSION = 2
 
@@ -145,11 +149,9 @@ def _check_declared_size(parts: list[zipfile.ZipInfo], file_size: int, where: st
 
 def _available_memory() -> int | None:
     """Bytes of memory available now (Linux's MemAvailable, else the free pages), or None where unknown."""
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/meminfo") as file:
-            for line in file:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+    available = available_bytes()
+    if available is not None:
+        return available
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):  # not on this OS
@@ -398,7 +400,7 @@ def _check_parts(state: Mapping[str, Any], live: dict[str, Mapping[str, Any]]) -
 
 def _check_store(saved: Mapping[str, Any], layout: StoreLayout) -> None:
     kind = saved.get("format")
-    if kind == "compact":
+    if kind == COMPACT_FORMAT:
         _check_compact(saved, layout)
     elif kind is not None:
         raise _Unfit(f"its store has format {kind!r}; a store is the dense layout (no format) or 'compact'")
@@ -435,8 +437,6 @@ def _check_dense(saved: Mapping[str, Any], layout: StoreLayout) -> None:
 
 
 def _check_compact(saved: Mapping[str, Any], layout: StoreLayout) -> None:
-    from lightning_dfl.federation.compact_state import unpack_bits
-
     lacking = [k for k in ("names", "masked_names", "shapes", "records", "current_bits", "slot", "fields")
                if k not in saved]
     if lacking:

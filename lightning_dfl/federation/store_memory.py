@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from math import prod
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lightning_dfl.host_memory import available_bytes
 from lightning_dfl.transfers import ASYNC_DEVICE_TYPES
 
 GIB = 2**30
@@ -37,17 +37,6 @@ AUTO_KEEP_MIN_BYTES = 2 * GIB
 
 def _size(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
-
-
-def available_bytes() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` (``None`` where there is none: not Linux)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def dense_store_bytes(template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int) -> int:
