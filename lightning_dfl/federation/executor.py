@@ -239,13 +239,10 @@ class SerialExecutor:
         keys = self.state.algorithm.keep_optimizer_state
         if not keys:
             return
-        entries = self._optimizer_entries(ctx)
+        entries, state = self._optimizer_entries(ctx), ctx.optimizer.state
         for key in keys:
             name = OPTIMIZER_FIELD.format(key)
-            values = {n: t.clone() for n, t in ctx.store.read(ctx.node, name).items()}
-            for entry, p in entries:
-                if key in ctx.optimizer.state.get(p, {}):
-                    values[entry].copy_(ctx.optimizer.state[p][key])
-            ctx.write(name, values)
+            kept = {entry: state[p][key] for entry, p in entries if key in state.get(p, {})}
+            ctx.write(name, {**ctx.store.read(ctx.node, name), **kept})  # the stored views where it holds none
         ctx.write(OPTIMIZER_STARTED, True)
 
