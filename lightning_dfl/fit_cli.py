@@ -47,8 +47,11 @@ def _parse_docstring(component: Any, params: bool = False, logger: Any = None) -
     return doc
 
 
-_jsonargparse_parse_docstring = jsonargparse_optionals.parse_docstring
-jsonargparse_optionals.parse_docstring = _parse_docstring
+# jsonargparse reads docstrings through this private function; where a version lacks it, the help keeps
+# jsonargparse's own reading (less complete) rather than failing to import
+_jsonargparse_parse_docstring = getattr(jsonargparse_optionals, "parse_docstring", None)
+if _jsonargparse_parse_docstring is not None:
+    jsonargparse_optionals.parse_docstring = _parse_docstring
 
 
 class FederatedArgumentParser(LightningArgumentParser):
