@@ -11,6 +11,9 @@ work is charged to the phase that queued it):
 * ``round end``: the shared model's evaluation and the algorithm's own (``evaluate_round``);
 * ``other``: what is left of the round (planning, the clock, accounting, logging, diagnostics).
 
+``--count-ops`` also counts each phase's kernels and host reads of values (:class:`OpCounter`): on a GPU each
+kernel is a launch and each read a wait, so the counts show a launch-bound or stalling phase on any device;
+``--device-paths`` takes the accelerators' code paths on the CPU, so a CPU counts what a GPU would do.
 ``--profile-top N`` also runs ``torch.profiler`` over the last round and prints its N most expensive
 operators (by self device time on a GPU, self CPU time otherwise).
 
@@ -34,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from lightning_dfl.deferred import device_paths_on_cpu
 from lightning_dfl.fit_cli import FederatedCLI
 
 PHASES = ("messages", "aggregate", "evaluate", "local_train", "callbacks", "publish", "round end", "other")
@@ -49,6 +54,9 @@ class PhaseTimer:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.seconds: collections.Counter[str] = collections.Counter()
+        self.ops: collections.Counter[str] = collections.Counter()  # kernels run, with --count-ops
+        self.reads: collections.Counter[str] = collections.Counter()  # host reads of values, with --count-ops
+        self.current = "other"
         self._depth = 0
 
     def _sync(self) -> None:
@@ -62,12 +70,14 @@ class PhaseTimer:
             return
         self._depth += 1
         self._sync()
+        self.current = name
         start = time.perf_counter()
         try:
             yield
         finally:
             self._sync()
             self.seconds[name] += time.perf_counter() - start
+            self.current = "other"
             self._depth -= 1
 
     def wrap(self, owner: Any, method: str, name: str) -> None:
@@ -80,6 +90,50 @@ class PhaseTimer:
                 return original(*args, **kwargs)
 
         setattr(owner, method, timed)
+
+
+#: operators that read a value on the host: on a GPU each waits for the device's queue to drain
+HOST_READS = ("aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero")
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts, per phase of the timer, the operators that run a kernel (forward, backward, optimizer, copies;
+    not views) and the host reads of tensor values (``item``, ``bool``, ``int``, ``tolist``, ``torch.equal``):
+    on a GPU each kernel is a launch and each read a wait for the device, so the counts measure a phase's launch
+    overhead and stalls on any device (with ``--device-paths``, the paths an accelerator takes)."""
+
+    def __init__(self, timer: PhaseTimer) -> None:
+        super().__init__()
+        self.timer = timer
+        self._inside_tolist = False
+        self._tolist = torch.Tensor.tolist
+
+    def __enter__(self) -> OpCounter:
+        counter, tolist = self, self._tolist
+
+        def counted_tolist(tensor: torch.Tensor) -> Any:  # one read, whatever the number of elements
+            counter.timer.reads[counter.timer.current] += 1
+            counter._inside_tolist = True
+            try:
+                return tolist(tensor)
+            finally:
+                counter._inside_tolist = False
+
+        torch.Tensor.tolist = counted_tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.Tensor.tolist = self._tolist
+        super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.name()
+        if name in HOST_READS:
+            if not self._inside_tolist:
+                self.timer.reads[self.timer.current] += 1
+        elif not func.is_view and name != "aten::lift_fresh":
+            self.timer.ops[self.timer.current] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def instrument(trainer: Any, timer: PhaseTimer) -> None:
@@ -109,6 +163,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds to run (the first is a warm-up)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--profile-top", type=int, default=0, help="torch.profiler's top N operators of the last round")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="also count the operators each phase dispatches (slows the round down)")
+    parser.add_argument("--device-paths", action="store_true",
+                        help="take the accelerators' code paths on the CPU (lightning_dfl.deferred."
+                             "device_paths_on_cpu): with --count-ops, what a GPU would launch and wait for")
     parser.add_argument("--out", default=None, help="also write the table to this file")
     parser.add_argument("overrides", nargs="*", help="more fit options, after --")
     args = parser.parse_args()
@@ -120,25 +179,29 @@ def main() -> None:
     trainer = cli.trainer
     timer = PhaseTimer(torch.device(args.device))
     instrument(trainer, timer)
-    rows: list[tuple[int, float, dict[str, float]]] = []
+    rows: list[tuple[int, float, dict[str, float], dict[str, int], dict[str, int]]] = []
     profiler_table = ""
     original_round = trainer.run_round
 
     def run_round(round_idx: int) -> dict[str, float]:
         nonlocal profiler_table
         timer.seconds.clear()
+        timer.ops.clear()
+        timer.reads.clear()
         last = round_idx == args.rounds - 1
         profiling = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
             [torch.profiler.ProfilerActivity.CUDA] if args.device == "cuda" else [])) \
             if last and args.profile_top else contextlib.nullcontext()
         start = time.perf_counter()
-        with profiling as prof:
+        counting = OpCounter(timer) if args.count_ops else contextlib.nullcontext()
+        paths = device_paths_on_cpu() if args.device_paths else contextlib.nullcontext()
+        with paths, profiling as prof, counting:
             metrics = original_round(round_idx)
         wall = time.perf_counter() - start
         if prof is not None:
             key = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
             profiler_table = prof.key_averages().table(sort_by=key, row_limit=args.profile_top)
-        rows.append((round_idx, wall, dict(timer.seconds)))
+        rows.append((round_idx, wall, dict(timer.seconds), dict(timer.ops), dict(timer.reads)))
         return metrics
 
     trainer.run_round = run_round
@@ -151,10 +214,18 @@ def main() -> None:
              f"- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; device: {device}; torch "
              f"{torch.__version__}; threads {torch.get_num_threads()}; command: `{' '.join(sys.argv)}`", "",
              "| round | wall s | " + " | ".join(PHASES) + " |", "|---|---|" + "---|" * len(PHASES)]
-    for round_idx, wall, seconds in rows:
+    for round_idx, wall, seconds, _, _ in rows:
         other = wall - sum(seconds.values())
         cells = [f"{seconds.get(p, 0.0):.2f}" for p in PHASES[:-1]] + [f"{other:.2f}"]
         lines.append(f"| {round_idx + 1} | {wall:.2f} | " + " | ".join(cells) + " |")
+    if args.count_ops:
+        paths = "the accelerators' code paths" if args.device_paths else "this device's code paths"
+        lines += ["", f"Kernels run / host reads of values ({paths}; on a GPU each kernel is a launch and each read "
+                  "a wait for the device):", "",
+                  "| round | all | " + " | ".join(PHASES) + " |", "|---|---|" + "---|" * len(PHASES)]
+        for round_idx, _, _, ops, reads in rows:
+            lines.append(f"| {round_idx + 1} | {sum(ops.values()):,} / {sum(reads.values()):,} | "
+                         + " | ".join(f"{ops.get(p, 0):,} / {reads.get(p, 0):,}" for p in PHASES) + " |")
     text = "\n".join(lines) + "\n" + (f"\n```\n{profiler_table}\n```\n" if profiler_table else "")
     print(text)
     if args.out:

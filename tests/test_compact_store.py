@@ -1,5 +1,6 @@
 """The compact client store (``store="compact"``): the dense store's API and results, bit for bit, in less memory."""
 
+import contextlib
 import importlib.util
 import re
 import warnings
@@ -11,6 +12,7 @@ from _helpers import Kill
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.deferred import device_paths_on_cpu
 from lightning_dfl.federation.algorithms import BEER, DADPFL, PRISAM, PSFL, DFedAvgM, DFedSAM, DisPFL, GossipFL
 from lightning_dfl.federation.checkpoint_io import read_state
 from lightning_dfl.federation.compact_records import (
@@ -184,7 +186,13 @@ def test_every_read_matches_the_dense_store_bit_for_bit_over_rounds():
                 assert_bitwise(t, getattr(state_c, part)[n])
 
 
-def test_diagnostics_read_the_compact_store_like_the_dense_one():
+@pytest.mark.parametrize("device_paths", [False, True], ids=["cpu-paths", "accelerator-paths"])
+def test_diagnostics_read_the_compact_store_like_the_dense_one(device_paths):
+    with device_paths_on_cpu() if device_paths else contextlib.nullcontext():
+        _diagnostics_read_the_compact_store_like_the_dense_one()
+
+
+def _diagnostics_read_the_compact_store_like_the_dense_one():
     dense, compact = _pair(7)
     gen = torch.Generator().manual_seed(2)
     for node in range(7):
@@ -223,6 +231,32 @@ def test_diagnostics_read_the_compact_store_like_the_dense_one():
                 assert [s for s, _ in blocks_d] == [s for s, _ in blocks_c] and len(blocks_d) > 1
                 for (_, block_d), (_, block_c) in zip(blocks_d, blocks_c):
                     assert_bitwise(block_d, block_c, name)
+
+
+def test_diagnostics_on_the_accelerator_paths_read_the_host_once_per_masked_block(monkeypatch):
+    """A GPU waits at every host read: the consensus distances of a compact store read one count per block of
+    a masked parameter (to slice each record's values) and their two results; the packed masks none."""
+    dense, compact = _pair(7)
+    gen = torch.Generator().manual_seed(5)
+    for node in range(7):
+        weights, masks = _model(gen, negative_zeros=node != 2, leak=node == 3)
+        for store in (dense, compact):
+            store.initialize(node, weights, masks)
+    reads = []
+    for method in ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"):
+        original = getattr(torch.Tensor, method)
+        monkeypatch.setattr(torch.Tensor, method,
+                            lambda *a, _o=original, _m=method, **k: (reads.append(_m), _o(*a, **k))[1])
+    names = ["conv.weight", "fc.weight", "fc.bias"]
+    with device_paths_on_cpu():
+        reads.clear()
+        got = consensus_distances(compact, list(range(7)), names, [(0, 1), (2, 5), (6, 3)])
+        assert sorted(reads) == ["__float__", "__float__", "tolist", "tolist"], reads  # conv, fc: one block each
+        reads.clear()
+        packed = packed_masks(compact, list(range(7)))
+        assert reads == []
+    assert got == consensus_distances(dense, list(range(7)), names, [(0, 1), (2, 5), (6, 3)])
+    assert torch.equal(popcount(packed), popcount(packed_masks(dense, list(range(7)))))
 
 
 def test_errors_match_the_dense_store():

@@ -154,6 +154,29 @@ def test_consensus_distance_is_zero_for_identical_models_and_masked_keeps_shared
     assert masked == pytest.approx((3 - 1) / (2 * 3) * (4 + 0 + 16) / 3, rel=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["dense", "compact"])
+def test_consensus_distances_in_many_blocks_and_pair_chunks_match_float64(kind, monkeypatch):
+    """Blocks of columns, pairs in chunks, float64 sums: however the parameter is cut (here 30 blocks and 5 chunks
+    of pairs) the results are the float64 formulas' up to one float32 rounding per entry (a centred entry, a pair
+    difference: ~1e-10 and ~1e-13 here; float32 sums of the blocks were off by ~1e-5)."""
+    from lightning_dfl.federation.compact_state import store_class
+    monkeypatch.setattr(D, "BLOCK_ELEMENTS", 4096)
+    gen = torch.Generator().manual_seed(0)
+    k, n = 10, 11_000
+    masks = torch.rand(k, n, generator=gen) < 0.5
+    weights = (1000 + torch.randn(k, n, generator=gen)) * masks  # a large mean: centring matters
+    store = store_class(kind)({"w": weights[0]}, ["w"], k)
+    for i in range(k):
+        store.initialize(i, {"w": weights[i]}, {"w": masks[i]})
+    pairs = D.all_pairs(k)
+    assert len(pairs) == 45 and D._step(k, "cpu", 64) == 384
+    dense, masked = D.consensus_distances(store, list(range(k)), ["w"], pairs)
+    x, m = weights.double().numpy(), masks.numpy()
+    assert dense == pytest.approx(((x - x.mean(0)) ** 2).sum() / k, rel=1e-9)
+    shared = [(((x[i] - x[j]) * (m[i] & m[j])) ** 2).sum() for i, j in pairs]
+    assert masked == pytest.approx((k - 1) / (2 * k) * np.mean(shared), rel=1e-12)
+
+
 # -- mask Jaccard and flips ---------------------------------------------------------------------------------
 
 

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["FORMAT", "INT_VIEWS", "bit_range", "checkpoint_weights", "count_before", "dense_state_dict", "pack_bits",
+from lightning_dfl.deferred import host_reads_are_cheap
+
+__all__ = ["FORMAT", "INT_VIEWS", "bit_range", "checkpoint_weights", "dense_state_dict", "pack_bits",
            "record_weights", "scatter_", "select", "signed_zeros", "unpack_bits"]
 
 #: ``state_dict()["format"]`` of a compact store
@@ -32,7 +34,7 @@ def pack_bits(bits: Tensor) -> Tensor:
     flat = bits.reshape(-1)
     if flat.dtype != torch.bool:
         flat = flat.bool()
-    if flat.device.type == "cpu":
+    if host_reads_are_cheap(flat.device):
         return torch.from_numpy(np.packbits(flat.contiguous().numpy(), bitorder="little"))
     return _pack_torch(flat)
 
@@ -52,7 +54,7 @@ def _pack_torch(flat: Tensor) -> Tensor:
 
 def unpack_bits(packed: Tensor, count: int) -> Tensor:
     """The first ``count`` bits of :func:`pack_bits`'s output as a flat bool tensor (a new tensor)."""
-    if packed.device.type == "cpu":
+    if host_reads_are_cheap(packed.device):
         return torch.from_numpy(np.unpackbits(packed.numpy(), count=count, bitorder="little")).view(torch.bool)
     return _unpack_torch(packed, count)
 
@@ -77,14 +79,14 @@ def _raw(t: Tensor) -> np.ndarray:
 
 def select(values: Tensor, mask: Tensor) -> Tensor:
     """``values.masked_select(mask)`` for flat tensors (numpy's ``compress`` on a CPU: several times faster)."""
-    if values.device.type != "cpu":
+    if not host_reads_are_cheap(values.device):
         return values.masked_select(mask)
     return torch.from_numpy(np.compress(mask.numpy(), _raw(values))).view(values.dtype)
 
 
 def scatter_(out: Tensor, mask: Tensor, values: Tensor) -> Tensor:
     """``out.masked_scatter_(mask, values)`` for flat tensors (by indices on a CPU: several times faster)."""
-    if out.device.type != "cpu":
+    if not host_reads_are_cheap(out.device):
         return out.masked_scatter_(mask, values)
     _raw(out)[np.flatnonzero(mask.numpy())] = _raw(values)
     return out
@@ -92,13 +94,10 @@ def scatter_(out: Tensor, mask: Tensor, values: Tensor) -> Tensor:
 
 def signed_zeros(negative: Tensor, dtype: torch.dtype) -> Tensor:
     """Zeros of a floating ``dtype``, ``-0.0`` (the sign bit alone) where ``negative`` is set."""
-    if negative.device.type != "cpu":
+    if not host_reads_are_cheap(negative.device):
         return torch.zeros(negative.shape, dtype=dtype, device=negative.device).masked_fill_(negative, -0.0)
     size = torch.empty((), dtype=dtype).element_size()
     return torch.from_numpy(negative.numpy().astype(_INTS[size]) << (8 * size - 1)).view(dtype)
-
-
-_POPCOUNT = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
 
 
 def bit_range(packed: Tensor, start: int, stop: int) -> Tensor:
@@ -106,15 +105,6 @@ def bit_range(packed: Tensor, start: int, stop: int) -> Tensor:
     first = start // 8
     bits = unpack_bits(packed[first:(stop + 7) // 8].contiguous(), stop - first * 8)
     return bits[start - first * 8:]
-
-
-def count_before(packed: Tensor, stop: int) -> int:
-    """Set bits among the first ``stop`` bits."""
-    full = stop // 8
-    count = int(_POPCOUNT.to(packed.device)[packed[:full].long()].sum()) if full else 0
-    if stop % 8:
-        count += int(bit_range(packed, full * 8, stop).count_nonzero())
-    return count
 
 
 def record_weights(state: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Tensor]:

@@ -47,11 +47,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.federation.compact_records import (
     FORMAT,
     INT_VIEWS,
     bit_range,
-    count_before,
     pack_bits,
     scatter_,
     select,
@@ -140,7 +140,6 @@ class CompactClientStore(ClientStore):
         self.records: list[dict[str, Any] | None] = [blank] * num_nodes
         self.fresh_records: dict[int, dict[str, Any]] = {}  # published in this round
         self._incoming: dict[int, tuple[dict[str, Tensor], ...]] = {}  # task_views' buffers (sharding)
-        self._prefix: dict[tuple[int, int], int] = {}  # columns(): active values before a column
         self._churn = 0  # bytes of temporaries since the heap was last trimmed (release_heap)
         self.current_bits: list[dict[str, Tensor]] = [blank["bits"]] * num_nodes  # the masks trained with next
         self.field_specs: dict[str, StateField] = {}
@@ -235,7 +234,6 @@ class CompactClientStore(ClientStore):
         for node, record in self.fresh_records.items():
             self.records[node] = record
         self.fresh_records.clear()
-        self._prefix.clear()
         super().end_round()
         if self.device.type == "cpu":  # the replaced records' pages
             self._churn = 0
@@ -318,106 +316,73 @@ class CompactClientStore(ClientStore):
     # -- many nodes read in column blocks ------------------------------------------------
     def column_blocks(self, nodes: Sequence[int], name: str, mask: bool, step: int) -> Iterator[tuple[int, Tensor]]:
         """:meth:`ClientStore.column_blocks <lightning_dfl.federation.state.ClientStore.column_blocks>`: the
-        blocks decoded from the nodes' current records (:meth:`column_block`), never a node's whole model."""
-        rows = [int(self.slot[k]) * self.num_nodes + int(k) for k in nodes]
+        blocks decoded from the nodes' current records (:meth:`_column_block`), never a node's whole model. The
+        records are looked up once per call, not once per block."""
+        records = [self._start(k) for k in nodes]  # the current published models: the start-of-round records
+        prefix = [0] * len(records)  # active values before the block, per record (blocks are read in order)
         numel = self.numels[name]
         for start in range(0, numel, step):
-            yield start, self.column_block(rows, name, mask, start, min(start + step, numel))
+            yield start, self._column_block(records, prefix, name, mask, start, min(start + step, numel))
 
-    def _row_record(self, row: int) -> dict[str, Any]:
-        """The record in the dense store's row ``slot * N + node`` (its start-of-round record in its
-        current slot, this round's in the other)."""
-        slot, node = divmod(row, self.num_nodes)
-        if slot == int(self.slot[node]):
-            return self._start(node)
-        if node in self.fresh_records:
-            return self.fresh_records[node]
-        raise RuntimeError(f"node {node} has no model in slot {slot} (it has not published this round)")
-
-    def column_block(self, rows: list[int], name: str, mask: bool, start: int, stop: int) -> Tensor:
-        """:meth:`columns` of several rows, stacked ``(len(rows), stop - start)``; the mask bits of all
-        rows are unpacked at once when ``start`` falls on a byte (the diagnostics' blocks do), and the
-        rows' active values are scattered in one step."""
+    def _column_block(self, records: list[dict[str, Any]], prefix: list[int], name: str, mask: bool, start: int,
+                      stop: int) -> Tensor:
+        """Entries ``[start, stop)`` of ``name`` (flattened) in each record, stacked ``(len(records), stop -
+        start)``: the mask bits of all records unpacked at once, one read of their counts, the active values
+        scattered in one step. ``prefix[i]``: record ``i``'s active values before ``start`` (updated to
+        ``stop``); ``start`` is a multiple of 8 unless the block starts the tensor."""
         width = stop - start
         dtype = torch.bool if mask else self.dtypes[name]
-        if not rows:
+        if not records:
             return torch.zeros((0, width), dtype=dtype, device=self.device)
-        if start % 8 or self.device.type != "cpu" or name not in self._masked:
-            return torch.stack([self.columns(r, name, mask, start, stop) for r in rows])
-        records = [self._row_record(r) for r in rows]
+        if name not in self._masked:
+            return torch.stack([rec["values"][name][start:stop] for rec in records])
+        if start % 8:
+            raise ValueError(f"column blocks start on whole bytes of the packed masks: start {start} is not a "
+                             "multiple of 8")
         first, last = start // 8, (stop + 7) // 8
-        packed = np.stack([rec["bits"][name][first:last].numpy() for rec in records])
-        bits = torch.from_numpy(np.unpackbits(packed, axis=1, count=width, bitorder="little")).view(torch.bool)
+        packed = torch.stack([rec["bits"][name][first:last] for rec in records])
+        if host_reads_are_cheap(packed.device):
+            bits = torch.from_numpy(np.unpackbits(packed.numpy(), axis=1, count=width, bitorder="little"))
+        else:
+            shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+            bits = ((packed.unsqueeze(2) >> shifts) & 1).reshape(len(records), -1)[:, :width]
+        bits = bits.contiguous().view(torch.bool)
         if mask:
             return bits
-        out = torch.zeros((len(rows), width), dtype=dtype)
-        counts = bits.sum(dim=1).tolist()
+        counts = bits.sum(dim=1).tolist()  # the one read of the block
+        out = torch.zeros((len(records), width), dtype=dtype, device=self.device)
         sparse, chunks = [], []
         for i, rec in enumerate(records):
             values = rec["values"][name]
+            before, prefix[i] = prefix[i], prefix[i] + counts[i]
             if values.numel() == self.numels[name]:
                 out[i] = values[start:stop]
-                continue
-            if name in rec["neg"]:  # -0.0 outside the mask (rare): that row the long way
-                out[i] = self.columns(rows[i], name, False, start, stop)
-                continue
-            before = self._prefix.pop((id(values), start), None)
-            if before is None:
-                before = count_before(rec["bits"][name], start)
-            self._prefix[(id(values), stop)] = before + counts[i]
-            sparse.append(i)
-            chunks.append(values[before:before + counts[i]])
-        if len(self._prefix) > 4 * self.num_nodes + len(rows):
-            self._prefix.clear()
+            elif name in rec["neg"]:  # -0.0 outside the mask (rare): that row's zeros get their signs
+                neg = rec["neg"][name]
+                row = scatter_(out[i], bits[i], values[before:before + counts[i]])
+                inactive = start - before
+                scatter_(row, ~bits[i], signed_zeros(bit_range(neg, inactive, inactive + width - counts[i]),
+                                                     values.dtype))
+            else:
+                sparse.append(i)
+                chunks.append(values[before:before + counts[i]])
         if sparse:
-            index = torch.tensor(sparse)
-            block = torch.zeros((len(sparse), width), dtype=dtype)
-            scatter_(block.view(-1), bits[index].view(-1), torch.cat(chunks))
-            out[index] = block
+            index = torch.tensor(sparse, device=out.device)
+            block = torch.zeros((len(sparse), width), dtype=dtype, device=out.device)
+            scatter_(block.view(-1), bits.index_select(0, index).view(-1), torch.cat(chunks))
+            out.index_copy_(0, index, block)
         return out
 
-    def columns(self, row: int, name: str, mask: bool, start: int, stop: int) -> Tensor:
-        """Entries ``[start, stop)`` of ``name`` (flattened) in the dense store's row ``slot * N + node``:
-        the node's published weights or mask (its start-of-round record in its current slot, this round's
-        in the other)."""
-        record = self._row_record(row)
-        if name not in self._masked:
-            return record["values"][name][start:stop]
-        bits = record["bits"][name]
-        if mask:
-            return bit_range(bits, start, stop)
-        values = record["values"][name]
-        if values.numel() == self.numels[name]:
-            return values[start:stop]
-        key = (id(values), start)
-        before = self._prefix.pop(key, None)
-        if before is None:
-            before = count_before(bits, start)
-        m = bit_range(bits, start, stop)
-        count = int(m.count_nonzero())
-        if len(self._prefix) > 4 * self.num_nodes:
-            self._prefix.clear()
-        self._prefix[(id(values), stop)] = before + count
-        out = scatter_(torch.zeros(stop - start, dtype=values.dtype, device=values.device), m,
-                       values[before:before + count].contiguous())
-        neg = record["neg"].get(name)
-        if neg is not None:
-            inactive = start - before
-            scatter_(out, ~m, signed_zeros(bit_range(neg, inactive, inactive + (stop - start - count)),
-                                                 values.dtype))
-        return out
-
-    def packed_published_masks(self, nodes: Iterable[int]) -> Tensor:
+    def packed_published_masks(self, nodes: Sequence[int]) -> Tensor:
         """The nodes' current published masks as ``(len(nodes), words)`` int64 rows: each record's packed
         bits, names in order, zero-padded to whole words (no decoding). Any fixed packing serves the
         diagnostics' popcounts (:func:`~lightning_dfl.federation.diagnostics.packed_masks`)."""
-        rows = [np.concatenate([self._start(k)["bits"][n].cpu().numpy() for n in self.masked_names])
-                for k in nodes]
-        width = -(-max((r.size for r in rows), default=0) // 8) * 8
-        out = np.zeros((len(rows), width), dtype=np.uint8)
-        for i, r in enumerate(rows):
-            out[i, :r.size] = r
-        return torch.from_numpy(out).view(torch.int64).to(self.device)
+        size = sum(-(-self.numels[n] // 8) for n in self.masked_names)
+        out = torch.zeros((len(nodes), -(-size // 8) * 8), dtype=torch.uint8, device=self.device)
+        if self.masked_names:
+            out[:, :size] = torch.stack([torch.cat([self._start(k)["bits"][n] for n in self.masked_names])
+                                         for k in nodes])
+        return out.view(torch.int64)
 
     # -- reads --------------------------------------------------------------------------
     def mask(self, node: int) -> Masks:
@@ -547,7 +512,6 @@ class CompactClientStore(ClientStore):
         copy_all_((mine[n], theirs[n]) for _, mine, theirs in field_pairs for n in mine)  # from any device
         self.records, self.current_bits = records, current
         self.fresh_records.clear()
-        self._prefix.clear()
         self.slot.copy_(slot)
         self._written.clear()
 

@@ -40,10 +40,11 @@ total is the sum of ``comm/total_bytes``), ``mask_bytes.csv`` (the side informat
 sampled pairs are filled) and, at the start, ``client_labels.csv`` (each client's training label counts,
 dominant label and group).
 
-Cost: the mixing matrix is K x K (plus servers); the consensus distances read every published model once
-in blocks of ``BLOCK_ELEMENTS`` (never a K x P copy) plus one pass per sampled pair; masks are packed 64 per
-int64 word (the flip fraction keeps one packed copy, P/8 bytes per client) and Jaccard counts bits with
-a word-parallel popcount. ``benchmarks/diagnostics_cost.py`` measures the share of a round.
+Cost: the mixing matrix is K x K (plus servers); the consensus distances read every published model once,
+in blocks of ``BLOCK_ELEMENTS`` (``DEVICE_BLOCK_ELEMENTS`` on an accelerator; never a K x P copy), with the
+sampled pairs' differences taken block by block; sums are float64, and nothing is read on the host but the
+two results (and, from a compact store, one count per block). Masks are packed 64 per int64 word (the flip
+fraction keeps one packed copy, P/8 bytes per client) and Jaccard counts bits with a word-parallel popcount. ``benchmarks/diagnostics_cost.py`` measures the share of a round.
 
 The diagnostics only read the store: every tensor is gathered into a copy and no random stream of
 the run is drawn, so the trained values are bit-identical with diagnostics on and off (tested).
@@ -78,9 +79,12 @@ JACCARD_PAIRS_PER_CLIENT = 4
 DISTANCE_PAIRS_PER_CLIENT = 1
 #: the final K x K mask-Jaccard matrix is complete up to this many clients
 FULL_JACCARD_MAX_K = 512
-#: elements of one gathered block (rows x a slice of one parameter): 4 MB of float32; measured fastest on
-#: this CPU for both stores (the compact store decodes a block's rows together: fewer, larger blocks)
+#: elements of one gathered block (rows x a slice of one parameter) on a CPU: 4 MB of float32; measured fastest
+#: on a 2-core CPU for both stores (the compact store decodes a block's rows together: fewer, larger blocks)
 BLOCK_ELEMENTS = 1 << 20
+#: the same on an accelerator (64 MB of float32): a block costs a few dozen kernel launches and one read of
+#: its mask counts (the compact store) whatever its size, so fewer, larger blocks
+DEVICE_BLOCK_ELEMENTS = 1 << 24
 #: the run folder's sub-folder of diagnostics files
 FOLDER = "diagnostics"
 DIAGNOSTICS_CHOICES = ("auto", True, False)
@@ -231,10 +235,17 @@ def diagnostic_pairs(num: int, round_idx: int, seed: int, candidates: list[tuple
 # -- gathering published tensors in bounded blocks -------------------------------------------------------
 
 
-def _step(rows: int, multiple: int = 1) -> int:
-    """Columns per block when ``rows`` rows are read at once: at most ``BLOCK_ELEMENTS / rows`` elements, a
-    multiple of ``multiple`` (the store's :meth:`~lightning_dfl.federation.state.ClientStore.column_blocks`)."""
-    return max(multiple, (BLOCK_ELEMENTS // max(rows, 1)) // multiple * multiple)
+def block_elements(device: torch.device | str) -> int:
+    """Elements of one gathered block on ``device``: :data:`BLOCK_ELEMENTS` on a CPU, else
+    :data:`DEVICE_BLOCK_ELEMENTS`."""
+    return BLOCK_ELEMENTS if torch.device(device).type == "cpu" else DEVICE_BLOCK_ELEMENTS
+
+
+def _step(rows: int, device: torch.device | str, multiple: int = 1) -> int:
+    """Columns per block when ``rows`` rows are read at once on ``device``: at most :func:`block_elements` /
+    ``rows`` elements, a multiple of ``multiple`` (the store's
+    :meth:`~lightning_dfl.federation.state.ClientStore.column_blocks`)."""
+    return max(multiple, (block_elements(device) // max(rows, 1)) // multiple * multiple)
 
 
 def consensus_distances(store: Any, clients: Sequence[int], names: Sequence[str],
@@ -242,31 +253,34 @@ def consensus_distances(store: Any, clients: Sequence[int], names: Sequence[str]
                         ) -> tuple[float, float]:
     """``(dense, masked)`` consensus distances of the clients' current published models as stored (the engine
     publishes them zero outside their masks; see the module docstring); ``pairs`` index into ``clients``.
-    Masked is NaN without pairs. Float32 blocks (centred on the mean first), float64 sums. ``packed``: a dict
+    Masked is NaN without pairs. Float32 blocks: the pair differences taken from the stored values, the dense
+    distance from the block centred on its column means; float64 sums, read once at the end. ``packed``: a dict
     that receives, per masked name read, the mask blocks packed by :func:`pack_words` (what
     :func:`packed_masks` gives, without reading the masks again)."""
     k = len(clients)
     masked_names = set(store.masked_names)
     pi = torch.as_tensor([p[0] for p in pairs], dtype=torch.long, device=store.device)
     pj = torch.as_tensor([p[1] for p in pairs], dtype=torch.long, device=store.device)
-    dense = 0.0
+    dense = torch.zeros((), dtype=torch.float64, device=store.device)
     pairwise = torch.zeros(len(pairs), dtype=torch.float64, device=store.device)
-    rows = max(k, 2 * len(pairs))
+    step = _step(k, store.device, 64)
     for name in names:
-        weights = store.column_blocks(clients, name, False, _step(rows, 64))
-        masks = store.column_blocks(clients, name, True, _step(rows, 64)) if name in masked_names else None
+        weights = store.column_blocks(clients, name, False, step)
+        masks = store.column_blocks(clients, name, True, step) if name in masked_names else None
         for (_, x), mask in zip(weights, masks if masks is not None else iter(lambda: None, 0)):
             if mask is not None and packed is not None:
                 packed.setdefault(name, []).append(pack_words(mask[1]))
             x = x.float()
-            x.sub_(x.mean(dim=0))  # centred: the pair differences are unchanged
-            dense += float(torch.linalg.vector_norm(x)) ** 2
-            if pairs:
-                diff = x.index_select(0, pi).sub_(x.index_select(0, pj))
+            chunk = max(1, block_elements(x.device) // max(x.shape[1], 1))  # pair differences of at most a block at once
+            for lo in range(0, len(pairs), chunk):  # from the stored values: one rounding per difference
+                a, b = pi[lo:lo + chunk], pj[lo:lo + chunk]
+                diff = x.index_select(0, a).sub_(x.index_select(0, b))
                 if mask is not None:
                     m = mask[1]
-                    diff.mul_(m.index_select(0, pi).logical_and_(m.index_select(0, pj)))
-                pairwise += torch.linalg.vector_norm(diff, dim=1).double().square()
+                    diff.mul_(m.index_select(0, a).logical_and_(m.index_select(0, b)))
+                pairwise[lo:lo + chunk] += torch.linalg.vector_norm(diff, dim=1, dtype=torch.float64).square()
+            x.sub_(x.mean(dim=0))  # centred on the mean
+            dense += torch.linalg.vector_norm(x, dtype=torch.float64).square()
     dense_value = float(dense) / k if k else float("nan")
     masked_value = (k - 1) / (2 * k) * float(pairwise.mean()) if pairs else float("nan")
     return dense_value, masked_value
@@ -311,7 +325,7 @@ def packed_masks(store: Any, clients: Sequence[int]) -> Tensor:
     if own is not None:
         return own(clients)
     parts = [pack_words(m) for name in store.masked_names
-             for _, m in store.column_blocks(clients, name, True, _step(len(clients), 64))]
+             for _, m in store.column_blocks(clients, name, True, _step(len(clients), store.device, 64))]
     return torch.cat(parts, dim=1) if parts else torch.zeros((len(clients), 0), dtype=torch.int64)
 
 
@@ -320,7 +334,7 @@ def jaccard_pairs(packed: Tensor, pairs: Sequence[tuple[int, int]]) -> Tensor:
     masks: 1), in blocks of pairs."""
     counts = popcount(packed)
     out = torch.empty(len(pairs), dtype=torch.float64)
-    step = max(1, BLOCK_ELEMENTS // 2 // max(packed.shape[1], 1))
+    step = max(1, block_elements(packed.device) // 2 // max(packed.shape[1], 1))
     for lo in range(0, len(pairs), step):
         chunk = pairs[lo:lo + step]
         pi = torch.as_tensor([p[0] for p in chunk], dtype=torch.long, device=packed.device)
@@ -337,8 +351,8 @@ def jaccard_matrix(store: Any, clients: Sequence[int]) -> Tensor:
     k = len(clients)
     gram = torch.zeros((k, k), dtype=torch.float64, device=store.device)
     for name in store.masked_names:
-        # a block row holds at most BLOCK_ELEMENTS < 2^24 entries: every float32 dot product is an exact integer
-        for _, m in store.column_blocks(clients, name, True, _step(k)):
+        # a block row holds at most 2^24 entries: every float32 dot product is an exact integer
+        for _, m in store.column_blocks(clients, name, True, _step(k, store.device)):
             a = m.to(torch.float32)
             gram += (a @ a.T).to(torch.float64)
     counts = gram.diagonal()

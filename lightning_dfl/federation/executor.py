@@ -9,6 +9,7 @@ will walk the same :meth:`RoundPlan.levels`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,12 +29,20 @@ if TYPE_CHECKING:
 PUBLISH_BOUND = 1e30
 
 
-def _within_bound(tensor: Tensor) -> Tensor:
-    """A 0-dim bool on a floating ``tensor``'s device: every entry finite and of magnitude <= :data:`PUBLISH_BOUND`
-    (no read)."""
-    low, high = torch.aminmax(tensor)  # NaN propagates into both: the comparisons are then False
-    bound = min(PUBLISH_BOUND, torch.finfo(tensor.dtype).max)
-    return (low >= -bound) & (high <= bound)
+def _within_bound(tensors: Iterable[Tensor]) -> list[Tensor]:
+    """0-dim bools, one per dtype, on the floating ``tensors``' device: every entry finite and of magnitude <=
+    :data:`PUBLISH_BOUND` (no read). One multi-tensor max-abs per dtype (``torch._foreach_norm`` of order
+    infinity: a few kernel launches for the whole model on a GPU); NaN propagates into the maxima."""
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for tensor in tensors:
+        if tensor.numel():
+            by_dtype.setdefault(tensor.dtype, []).append(tensor)
+    checks = []
+    for dtype, group in by_dtype.items():
+        largest = torch.stack(torch._foreach_norm(group, math.inf))
+        bound = min(PUBLISH_BOUND, torch.finfo(dtype).max)
+        checks.append((largest <= bound).all())
+    return checks
 
 
 #: the store field of a kept optimizer state entry (``Algorithm.keep_optimizer_state``)
@@ -177,7 +186,7 @@ class SerialExecutor:
         aggregates overflow: it is contained here, at its sender."""
         if loss is not None and not isinstance(loss, Tensor) and not math.isfinite(loss):
             return False
-        checks = [_within_bound(t) for t in self.state.worker.values() if t.numel()]  # the worker: floating only
+        checks = _within_bound(self.state.worker.values())  # the worker: floating only
         if isinstance(loss, Tensor):
             checks.append(torch.isfinite(loss))
         specs = getattr(self.state.store, "field_specs", {})
