@@ -329,24 +329,21 @@ class CompactClientStore(ClientStore):
         """Entries ``[start, stop)`` of ``name`` (flattened) in each record, stacked ``(len(records), stop -
         start)``: the mask bits of all records unpacked at once, one read of their counts, the active values
         scattered in one step. ``prefix[i]``: record ``i``'s active values before ``start`` (updated to
-        ``stop``); ``start`` is a multiple of 8 unless the block starts the tensor."""
+        ``stop``)."""
         width = stop - start
         dtype = torch.bool if mask else self.dtypes[name]
         if not records:
             return torch.zeros((0, width), dtype=dtype, device=self.device)
         if name not in self._masked:
             return torch.stack([rec["values"][name][start:stop] for rec in records])
-        if start % 8:
-            raise ValueError(f"column blocks start on whole bytes of the packed masks: start {start} is not a "
-                             "multiple of 8")
-        first, last = start // 8, (stop + 7) // 8
+        first, last = start // 8, (stop + 7) // 8  # the bytes holding the block's bits
         packed = torch.stack([rec["bits"][name][first:last] for rec in records])
         if host_reads_are_cheap(packed.device):
-            bits = torch.from_numpy(np.unpackbits(packed.numpy(), axis=1, count=width, bitorder="little"))
+            bits = torch.from_numpy(np.unpackbits(packed.numpy(), axis=1, count=stop - 8 * first, bitorder="little"))
         else:
             shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-            bits = ((packed.unsqueeze(2) >> shifts) & 1).reshape(len(records), -1)[:, :width]
-        bits = bits.contiguous().view(torch.bool)
+            bits = ((packed.unsqueeze(2) >> shifts) & 1).reshape(len(records), -1)[:, :stop - 8 * first]
+        bits = bits[:, start - 8 * first:].contiguous().view(torch.bool)
         if mask:
             return bits
         counts = bits.sum(dim=1).tolist()  # the one read of the block

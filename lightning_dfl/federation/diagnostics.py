@@ -352,7 +352,7 @@ def jaccard_matrix(store: Any, clients: Sequence[int]) -> Tensor:
     gram = torch.zeros((k, k), dtype=torch.float64, device=store.device)
     for name in store.masked_names:
         # a block row holds at most 2^24 entries: every float32 dot product is an exact integer
-        for _, m in store.column_blocks(clients, name, True, _step(k, store.device)):
+        for _, m in store.column_blocks(clients, name, True, _step(k, store.device, 64)):
             a = m.to(torch.float32)
             gram += (a @ a.T).to(torch.float64)
     counts = gram.diagonal()
