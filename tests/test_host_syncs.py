@@ -21,8 +21,9 @@ from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.rigl import rigl_masks
 from lightning_dfl.sparse.select import smallest_k_mask
 
-#: tensor methods that read a value on the host (a GPU waits for its queue at each)
-_READS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy", "nonzero")
+#: tensor methods that read a value on the host (a GPU waits for its queue at each; ``masked_select`` sizes its
+#: output by a read)
+_READS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy", "nonzero", "masked_select")
 
 
 class HostReads:
@@ -33,7 +34,8 @@ class HostReads:
         self.where = collections.Counter()
         for name in _READS:
             monkeypatch.setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name), name))
-        monkeypatch.setattr(torch, "nonzero", self._counting(torch.nonzero, "torch.nonzero"))
+        for name in ("nonzero", "equal", "masked_select"):
+            monkeypatch.setattr(torch, name, self._counting(getattr(torch, name), f"torch.{name}"))
 
     def _counting(self, original, name):
         def counted(*args, **kwargs):
@@ -57,18 +59,18 @@ class HostReads:
         return sum(self.where.values())
 
 
-def _fit(tmp_path, batch_size=16, rounds=2, count=None):
+def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense"):
     """A DisPFL run on digits (random regrowth); with ``count``, the host reads of client 1's round-1 task."""
     dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=batch_size, test_samples_per_client=40)
     trainer = FederatedTrainer(DisPFL(num_neighbors=2, regrowth="random"), rounds=rounds, local_epochs=1,
                                accelerator="cpu", logger=False, enable_progress_bar=False, diagnostics=False,
-                               default_root_dir=str(tmp_path))
+                               default_root_dir=str(tmp_path), store=store)
     if count is not None:
         run_task = SerialExecutor.run_task
 
         def counted_task(executor, task, *args, **kwargs):
             store = executor.state.store
-            count.host_storages = {store.slot.untyped_storage().data_ptr(), store.active.untyped_storage().data_ptr()}
+            count.host_storages = {t.untyped_storage().data_ptr() for t in (store.slot, getattr(store, "active", store.slot))}
             count.active = executor.state.current_round == 1 and task.node == 1
             try:
                 return run_task(executor, task, *args, **kwargs)
@@ -85,26 +87,34 @@ def _fit(tmp_path, batch_size=16, rounds=2, count=None):
     return trainer
 
 
-def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypatch, tmp_path):
+#: the reads left in a task, one each, by file: the finite check before publishing (containment branches on
+#: it), RigL's active counts of every layer (its drop counts), and the count of values the published model
+#: holds (the bytes of the messages that carry it; the compact store reads it with whether any weight lies
+#: outside its mask, for all layers at once, and compares the published and the next mask with the last
+#: ones, to share their bytes)
+TASK_READS = {"dense": ["executor.py", "masks.py", "masks.py"],
+              "compact": ["compact_state.py", "compact_state.py", "compact_state.py", "executor.py", "masks.py"]}
+
+
+@pytest.mark.parametrize("store", ["dense", "compact"])
+def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypatch, tmp_path, store):
     counts = {}
     for batch_size in (64, 8):  # 4-5 vs 30+ training batches, 1 vs 1 evaluation batch
         reads = HostReads(monkeypatch)
         with device_paths_on_cpu():
-            _fit(tmp_path, batch_size=batch_size, count=reads)
+            _fit(tmp_path / str(batch_size), batch_size=batch_size, count=reads, store=store)
         counts[batch_size] = reads
     few, many = counts[64], counts[8]
-    assert few.total == many.total, (few.where, many.where)  # nothing per batch
-    # what is left, one read each: the finite check before publishing (containment branches on it), RigL's
-    # active counts of every layer (its drop counts), and the count of values the published model holds
-    # (the bytes of the messages that carry it)
-    assert sorted(where.split(":")[0] for (_, where), n in many.where.items() for _ in range(n)) == [
-        "executor.py", "masks.py", "masks.py"], many.where
+    assert few.total == many.total, (few.where, many.where)  # nothing per batch, nothing per layer
+    assert sorted(where.split(":")[0] for (_, where), n in many.where.items() for _ in range(n)) == \
+        TASK_READS[store], many.where
 
 
-def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path):
-    plain = _fit(tmp_path / "plain")
+@pytest.mark.parametrize("store", ["dense", "compact"])
+def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path, store):
+    plain = _fit(tmp_path / "plain", store=store)
     with device_paths_on_cpu():
-        device = _fit(tmp_path / "device")
+        device = _fit(tmp_path / "device", store=store)
     strip = [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in plain.history]
     assert strip == [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in device.history]
     for node in range(4):

@@ -77,10 +77,15 @@ def _raw(t: Tensor) -> np.ndarray:
     return t.view(INT_VIEWS[t.element_size()]).numpy()
 
 
-def select(values: Tensor, mask: Tensor) -> Tensor:
-    """``values.masked_select(mask)`` for flat tensors (numpy's ``compress`` on a CPU: several times faster)."""
+def select(values: Tensor, mask: Tensor, count: int | None = None) -> Tensor:
+    """``values.masked_select(mask)`` for flat tensors (numpy's ``compress`` on a CPU: several times faster). On
+    an accelerator, given ``count`` (the mask's set bits), without waiting for the device: the positions of the
+    set bits are the first ``count`` of a stable sort of the inverted mask."""
     if not host_reads_are_cheap(values.device):
-        return values.masked_select(mask)
+        if count is None:
+            return values.masked_select(mask)
+        order = torch.sort((~mask).view(torch.uint8), stable=True).indices[:count]
+        return values.index_select(0, order)
     return torch.from_numpy(np.compress(mask.numpy(), _raw(values))).view(values.dtype)
 
 

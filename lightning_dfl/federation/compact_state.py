@@ -111,6 +111,15 @@ def release_heap() -> None:
         _MALLOC_TRIM(0)
 
 
+def _shared(old: Mapping[str, Tensor], new: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``new`` packed masks, each part replaced by ``old``'s when equal (records share their bytes); one host
+    read for all parts."""
+    names = [n for n, b in new.items() if old[n].shape == b.shape]
+    equal = torch.stack([old[n].eq(new[n]).all() for n in names]).tolist() if names else []
+    same = {n for n, e in zip(names, equal) if e}
+    return {n: old[n] if n in same else b for n, b in new.items()}
+
+
 # -- the store --------------------------------------------------------------------------------------
 
 
@@ -158,8 +167,21 @@ class CompactClientStore(ClientStore):
         out = torch.empty(self.shapes[name], dtype=torch.bool, device=self.device)
         return out.copy_(mask).reshape(-1)
 
-    def _record(self, weights: Mapping[str, Tensor], masks: Mapping[str, Tensor], active: int) -> dict[str, Any]:
-        """A record of dense ``weights`` (flat, the store's dtypes, owned) and flat bool ``masks``."""
+    def _record(self, weights: Mapping[str, Tensor], masks: Mapping[str, Tensor],
+                active: int | None = None) -> dict[str, Any]:
+        """A record of dense ``weights`` (flat, the store's dtypes, owned) and flat bool ``masks``; ``active``
+        defaults to the values the masks keep. One host read for all parameters: each mask's count and whether
+        a nonzero bit lies outside it (a value, or a ``-0.0``); only such a rare parameter reads more."""
+        masked = [n for n in self.names if n in self._masked]
+        counts: list[int] = []
+        outside: list[int] = []
+        if masked:
+            checks = [masks[n].sum() for n in masked]
+            checks += [weights[n].view(INT_VIEWS[weights[n].element_size()]).ne(0).logical_and_(~masks[n]).any()
+                       for n in masked]
+            read = torch.stack([c.to(torch.long) for c in checks]).tolist()
+            counts, outside = read[:len(masked)], read[len(masked):]
+        found = dict(zip(masked, zip(counts, outside)))
         values: dict[str, Tensor] = {}
         bits: dict[str, Tensor] = {}
         neg: dict[str, Tensor] = {}
@@ -170,18 +192,18 @@ class CompactClientStore(ClientStore):
                 continue
             m = masks[n]
             bits[n] = pack_bits(m)
-            kept = select(w, m)
-            if kept.numel() == w.numel():
+            count, leaks = found[n]
+            if count == w.numel():
                 values[n] = w
                 continue
-            if not bool(w.view(INT_VIEWS[w.element_size()]).ne(0).logical_and_(~m).any()):
-                values[n] = kept  # plain +0.0 everywhere outside the mask (every bit zero): the common case
+            if not leaks:
+                values[n] = select(w, m, count)  # plain +0.0 everywhere outside the mask: the common case
                 continue
             off = select(w, ~m)
             if bool(off.ne(0).any()):  # a value outside the mask: keep the tensor whole
                 values[n] = w
                 continue
-            values[n] = kept
+            values[n] = select(w, m, count)
             sign = off.signbit()
             if bool(sign.any()):
                 neg[n] = pack_bits(sign)
@@ -189,6 +211,8 @@ class CompactClientStore(ClientStore):
         if self._churn > TRIM_EVERY_BYTES and self.device.type == "cpu":
             self._churn = 0
             release_heap()
+        if active is None:
+            active = self.unmasked_size + sum(counts)
         return {"values": values, "bits": bits, "neg": neg, "active": int(active)}
 
     def _dense(self, record: Mapping[str, Any], name: str, mask: Tensor | None = None) -> Tensor:
@@ -249,7 +273,7 @@ class CompactClientStore(ClientStore):
         for n in self.masked_names:
             masks[n] = self._bool(n, mask[n] if mask is not None else True)  # on the store's device
             zero_inactive_(dense[n], masks[n])
-        record = self._record(dense, masks, self._count(mask))
+        record = self._record(dense, masks)
         self.records[node] = record
         self.current_bits[node] = record["bits"]
 
@@ -261,9 +285,8 @@ class CompactClientStore(ClientStore):
         fields = self._check_publish(node, fields)
         dense = {n: self._stored(n, weights[n]) for n in self.names}
         masks = {n: self._bool(n, mask[n] if mask is not None else True) for n in self.masked_names}
-        record = self._record(dense, masks, self._count(mask))
-        current = self.current_bits[node]
-        record["bits"] = {n: current[n] if torch.equal(current[n], b) else b for n, b in record["bits"].items()}
+        record = self._record(dense, masks)
+        record["bits"] = _shared(self.current_bits[node], record["bits"])
         self.fresh_records[node] = record
         self._publish_fields(node, fields)
 
@@ -274,8 +297,7 @@ class CompactClientStore(ClientStore):
 
     def _share(self, node: int, bits: dict[str, Tensor]) -> dict[str, Tensor]:
         """``bits`` (a current mask), each part replaced by the node's latest published one when equal."""
-        latest = (self.fresh_records[node] if node in self.fresh_records else self._start(node))["bits"]
-        return {n: latest[n] if torch.equal(latest[n], b) else b for n, b in bits.items()}
+        return _shared((self.fresh_records[node] if node in self.fresh_records else self._start(node))["bits"], bits)
 
     # -- processes sharing a federation (sharding) --------------------------------------
     def task_views(self, node: int) -> list[Tensor]:
