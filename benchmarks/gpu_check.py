@@ -5,7 +5,8 @@ row by row, to ``benchmarks/results/gpu_check.md`` or ``--out``); checks that wo
 ``--budget-s`` seconds are listed as skipped:
 
 1. the README's main job (DisPFL on digits) on the GPU;
-2. one round of ``configs/dispfl_cifar10_dir.yaml`` (100 ResNet18 clients, E = 5), as configured;
+2. one round of ``configs/dispfl_cifar10_dir.yaml`` (100 ResNet18 clients, E = 5), as configured, then
+   ``round_phases.py`` over two such rounds (where a warm round's time goes);
 3. ``round_time.py --device cuda``: our round against the independent hand loop at K = 10 and K = 100;
 4. K = 100 ``cnn_cifar`` with ``batched_clients: true`` vs serial;
 5. K = 10 with ``bf16-mixed`` vs ``32-true``;
@@ -87,7 +88,7 @@ def row(result: dict, note: str = "") -> str:
             f"{note} |")
 
 
-CHECKS = ("main", "resnet18", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
+CHECKS = ("main", "resnet18", "phases", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
 
 
 class Report:
@@ -163,14 +164,26 @@ def main() -> None:
     k100 = [*cifar, *size, *rounds, "--data.num_clients", "20" if args.quick else "100",
             "--trainer.algorithm.num_neighbors", "4" if args.quick else "10"]
     # 1. the papers' ResNet18 round as configured (fp32, TF32 matrix products); bf16-mixed comes last
-    resnet = ["--data.dataset", "image_folder", "--data.root", root, "--trainer.accelerator", accelerator,
-              "--trainer.rounds", "2" if args.quick else "1", "--trainer.store", "compact"]
+    resnet_setting = ["--data.dataset", "image_folder", "--data.root", root, "--trainer.store", "compact"]
     if args.quick:
-        resnet += ["--data.num_clients", "4", "--trainer.algorithm.num_neighbors", "2",
-                   "--data.max_train_samples", "400", "--trainer.local_epochs", "1"]
+        resnet_setting += ["--data.num_clients", "4", "--trainer.algorithm.num_neighbors", "2",
+                           "--data.max_train_samples", "400", "--trainer.local_epochs", "1"]
+    resnet = [*resnet_setting, "--trainer.accelerator", accelerator, "--trainer.rounds", "2" if args.quick else "1"]
     resnet_name = "ResNet18, 4 clients, E=1" if args.quick else "ResNet18, 100 clients, E=5, one round"
     if "resnet18" in args.checks and report.time_left(60, resnet_name):
         report.add(row(fit(out, resnet_name, config, *resnet, timeout=max(60, min(300, report.deadline - time.monotonic())))))
+    # 1b. where the ResNet18 round's time goes: round_phases.py, 2 rounds (the second warm)
+    phases = "(not run)"
+    if "phases" in args.checks and report.time_left(150, "ResNet18 round phases"):
+        try:
+            proc = subprocess.run([sys.executable, str(HERE / "round_phases.py"), "--config", config, "--device",
+                                   args.device, "--rounds", "2", "--", *resnet_setting],
+                                  capture_output=True, text=True, cwd=REPO,
+                                  timeout=max(60, min(360, report.deadline - time.monotonic())))
+            phases = proc.stdout[proc.stdout.find("| round"):] if proc.returncode == 0 else proc.stderr[-1500:]
+        except subprocess.TimeoutExpired:
+            phases = "(round_phases.py ran past the time budget)"
+        print(phases, flush=True)
     # 2. against the independent loop
     table = "(skipped: the time budget ran out)"
     if "loop" in args.checks and report.time_left(120, "round_time.py"):
@@ -231,6 +244,7 @@ def main() -> None:
         report.add(row(fit(out, resnet_name + ", bf16-mixed", config, *resnet, "--trainer.precision", "bf16-mixed",
                            timeout=max(60, min(300, report.deadline - time.monotonic())))))
     report.add("", "## Our round against the independent hand loop", "", table)
+    report.add("", "## The ResNet18 round's phases (round_phases.py)", "", phases)
     shutil.rmtree(out, ignore_errors=True)
 
 

@@ -56,6 +56,29 @@ def test_round_phases_splits_a_round_into_timed_phases(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("runs"))
 
 
+def test_round_phases_counts_kernels_and_host_reads_on_the_accelerators_paths(tmp_path, monkeypatch):
+    """--count-ops --device-paths: per phase, the kernels a GPU would launch and the reads it would wait for;
+    the SGD steps and the evaluations read nothing, the steps launch the most kernels."""
+    script = _script("round_phases")
+    out = tmp_path / "phases.md"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["round_phases.py", "--config", str(BENCHMARKS.parent / "configs" / "dispfl_digits.yaml"),
+                                     "--rounds", "2", "--count-ops", "--device-paths", "--out", str(out), "--",
+                                     "--data.num_clients", "6", "--trainer.algorithm.num_neighbors", "2",
+                                     "--trainer.store", "compact"])
+    script.main()
+    text = out.read_text()
+    assert "the accelerators' code paths" in text
+    table = text[text.index("Kernels run"):]
+    rows = [line.split("|")[2:-1] for line in table.splitlines() if line.startswith("| 2 ")]
+    assert len(rows) == 1
+    kernels, reads = zip(*((int(a.replace(",", "")) for a in cell.split("/")) for cell in rows[0]))
+    phase = {name: i + 1 for i, name in enumerate(script.PHASES)}  # column 0 is the total
+    assert kernels[0] == sum(kernels[1:]) and reads[0] == sum(reads[1:])
+    assert reads[phase["local_train"]] == 0 and reads[phase["evaluate"]] == 0
+    assert kernels[phase["local_train"]] == max(kernels[1:])
+
+
 def _tiny_image_folder(root: Path, per_class: int) -> None:
     """``root/{train,test}/<class>/*.png``: 10 classes of 32x32 RGB images, each class its own colour."""
     from PIL import Image
