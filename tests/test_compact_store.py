@@ -119,8 +119,14 @@ def test_bits_round_trip_and_pack_like_numpy():
         assert torch.equal(_unpack_torch(packed, n), b)
 
 
+@pytest.mark.parametrize("device_paths", [False, True], ids=["cpu-paths", "accelerator-paths"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-def test_other_dtypes_keep_their_bits(dtype):
+def test_other_dtypes_keep_their_bits(dtype, device_paths):
+    with device_paths_on_cpu() if device_paths else contextlib.nullcontext():
+        _other_dtypes_keep_their_bits(dtype)
+
+
+def _other_dtypes_keep_their_bits(dtype):
     template = {"w": torch.zeros(7, 9, dtype=dtype), "b": torch.zeros(7, dtype=dtype)}
     dense, compact = (cls(template, ["w"], 2) for cls in (ClientStore, CompactClientStore))
     gen = torch.Generator().manual_seed(6)
@@ -146,7 +152,13 @@ def test_store_kind_is_validated_with_the_allowed_values():
         FederatedTrainer(store="sparse", accelerator="cpu", logger=False, enable_progress_bar=False)
 
 
-def test_every_read_matches_the_dense_store_bit_for_bit_over_rounds():
+@pytest.mark.parametrize("device_paths", [False, True], ids=["cpu-paths", "accelerator-paths"])
+def test_every_read_matches_the_dense_store_bit_for_bit_over_rounds(device_paths):
+    with device_paths_on_cpu() if device_paths else contextlib.nullcontext():
+        _every_read_matches_the_dense_store_bit_for_bit_over_rounds()
+
+
+def _every_read_matches_the_dense_store_bit_for_bit_over_rounds():
     dense, compact = _pair()
     gen = torch.Generator().manual_seed(1)
     for node in range(5):

@@ -229,9 +229,35 @@ class CompactClientStore(ClientStore):
         return out.view(self.shapes[name])
 
     def _expand(self, record: Mapping[str, Any]) -> tuple[dict[str, Tensor], Masks]:
-        masks = {n: unpack_bits(record["bits"][n], self.numels[n]) for n in self.masked_names}
-        weights = {n: self._dense(record, n, masks.get(n)) for n in self.names}
-        return weights, {n: m.view(self.shapes[n]) for n, m in masks.items()}
+        """A record's dense weights and masks. The masked parameters that keep their active values only (the
+        common case) are rebuilt together, per dtype: their packed bits concatenated and unpacked at once, their
+        values scattered into one buffer, each tensor a view of it (a few kernels per model on a GPU, not
+        several per parameter); the others one by one (:meth:`_dense`)."""
+        masks: dict[str, Tensor] = {}
+        weights: dict[str, Tensor] = {}
+        groups: dict[torch.dtype, list[str]] = {}
+        for n in self.masked_names:
+            values = record["values"][n]
+            if values.numel() != self.numels[n] and n not in record["neg"]:
+                groups.setdefault(values.dtype, []).append(n)
+        for dtype, names in groups.items():
+            packed = [record["bits"][n] for n in names]
+            bits = unpack_bits(torch.cat(packed), 8 * sum(p.numel() for p in packed))  # each part byte-padded
+            dense = scatter_(torch.zeros(bits.numel(), dtype=dtype, device=bits.device), bits,
+                             torch.cat([record["values"][n] for n in names]))
+            start = 0
+            for n, p in zip(names, packed):
+                masks[n] = bits[start:start + self.numels[n]]
+                weights[n] = dense[start:start + self.numels[n]].view(self.shapes[n])
+                start += 8 * p.numel()
+        for n in self.masked_names:
+            if n not in masks:
+                masks[n] = unpack_bits(record["bits"][n], self.numels[n])
+        for n in self.names:
+            if n not in weights:
+                weights[n] = self._dense(record, n, masks.get(n))
+        return ({n: weights[n] for n in self.names},
+                {n: masks[n].view(self.shapes[n]) for n in self.masked_names})
 
     def _latest(self, node: int, fresh: bool) -> dict[str, Any]:
         self._slot(node, fresh)  # raises for a fresh read of a node that has not published
