@@ -108,6 +108,14 @@ class OpCounter(TorchDispatchMode):
         self._inside_tolist = False
         self._tolist = torch.Tensor.tolist
 
+    #: storages that live on the host whatever the device (the store's slot and value-count bookkeeping): reading
+    #: them waits for nothing
+    host_storages: set[int] = set()
+
+    def _on_host(self, args: Any) -> bool:
+        tensor = args[0] if args else None
+        return isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() in self.host_storages
+
     def __enter__(self) -> OpCounter:
         counter, tolist = self, self._tolist
 
@@ -129,7 +137,7 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func.name()
         if name in HOST_READS:
-            if not self._inside_tolist:
+            if not self._inside_tolist and not self._on_host(args):
                 self.timer.reads[self.timer.current] += 1
         elif not func.is_view and name != "aten::lift_fresh":
             self.timer.ops[self.timer.current] += 1
@@ -153,6 +161,8 @@ def instrument(trainer: Any, timer: PhaseTimer) -> None:
         for method in ("publish", "set_mask", "write"):
             timer.wrap(trainer.store, method, "publish")
         timer.wrap(trainer.state, "consensus_metrics", "round end")
+        OpCounter.host_storages = {t.untyped_storage().data_ptr() for t in (
+            trainer.store.slot, getattr(trainer.store, "active", trainer.store.slot))}
 
     trainer._setup = setup
 
