@@ -190,7 +190,7 @@ class SimCuda(TorchDispatchMode):
         if func is aten.copy_.default and non_blocking:
             self.async_copies += 1
             self.pending.add(_ptr(args[1] if out_gpu else args[0]))
-        if not out_gpu:
+        if not out_gpu or not func._schema.returns:  # a host result, or none (the foreach in-place ops)
             return out
         first = func._schema.arguments[0] if func._schema.arguments else None
         if first is not None and first.alias_info is not None and first.alias_info.is_write:
