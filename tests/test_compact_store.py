@@ -146,6 +146,35 @@ def _other_dtypes_keep_their_bits(dtype):
     assert all(compact.fresh_records[k]["neg"] for k in range(2))  # their -0.0 are kept
 
 
+def test_a_model_of_several_dtypes_and_kept_tensors_expands_bit_for_bit_on_the_accelerator_paths():
+    """The accelerators' expansion (every mask unpacked at once, one buffer per dtype): masked parameters of two
+    dtypes, one dense-kept (a value outside its mask), one all-active, one with -0.0 outside its mask."""
+    template = {"a": torch.zeros(5, 7), "b": torch.zeros(3, 11, dtype=torch.float64), "c": torch.zeros(13),
+                "d": torch.zeros(2, 9), "e": torch.zeros(4, 4), "bias": torch.zeros(6)}
+    masked = ["a", "b", "c", "d", "e"]
+    gen = torch.Generator().manual_seed(4)
+    weights = {n: torch.randn(t.shape, generator=gen).to(t.dtype) for n, t in template.items()}
+    masks = {n: torch.rand(template[n].shape, generator=gen) < 0.5 for n in masked}
+    masks["d"][:] = True  # all active
+    for n in masked:
+        weights[n].masked_fill_(~masks[n], 0.0)
+    weights["c"][(~masks["c"]).nonzero()[0]] = 0.5  # a value outside the mask: kept whole
+    weights["e"][~masks["e"]] = -0.0  # signed zeros outside the mask
+    dense = ClientStore(template, masked, 1)
+    with device_paths_on_cpu():
+        compact = CompactClientStore(template, masked, 1)
+        for store in (dense, compact):
+            store.initialize(0, weights, masks)
+            store.publish(0, weights, masks)  # as trained: the leak and the signed zeros kept
+        record = compact.fresh_records[0]
+        assert record["values"]["c"].numel() == 13 and "e" in record["neg"] and record["values"]["d"].numel() == 18
+        (wd, md), (wc, mc) = dense.published(0, fresh=True), compact.published(0, fresh=True)
+    for n in template:
+        assert_bitwise(wd[n], wc[n], n)
+    for n in masked:
+        assert_bitwise(md[n], mc[n], n)
+
+
 def test_store_kind_is_validated_with_the_allowed_values():
     assert STORE_KINDS == ("dense", "compact") and check_store_kind("compact") == "compact"
     with pytest.raises(ValueError, match="store must be one of 'dense', 'compact', got 'sparse'"):
