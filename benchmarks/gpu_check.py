@@ -173,7 +173,7 @@ def main() -> None:
     if "resnet18" in args.checks and report.time_left(60, resnet_name):
         report.add(row(fit(out, resnet_name, config, *resnet, timeout=max(60, min(300, report.deadline - time.monotonic())))))
     # 1b. where the ResNet18 round's time goes: round_phases.py, 2 rounds (the second warm)
-    phases = "(not run)"
+    phases = "(not run: not among --checks, or the time budget ran out)"
     if "phases" in args.checks and report.time_left(150, "ResNet18 round phases"):
         try:
             proc = subprocess.run([sys.executable, str(HERE / "round_phases.py"), "--config", config, "--device",
@@ -185,7 +185,7 @@ def main() -> None:
             phases = "(round_phases.py ran past the time budget)"
         print(phases, flush=True)
     # 2. against the independent loop
-    table = "(skipped: the time budget ran out)"
+    table = "(not run: not among --checks, or the time budget ran out)"
     if "loop" in args.checks and report.time_left(120, "round_time.py"):
         settings = ["k10"] if args.quick else ["k10", "k100"]
         try:
