@@ -45,11 +45,8 @@ def _pack_torch(flat: Tensor) -> Tensor:
     b = flat.view(torch.uint8)
     if pad:
         b = torch.nn.functional.pad(b, (0, pad))
-    b = b.view(-1, 8)
-    out = b[:, 0].clone()
-    for i in range(1, 8):
-        out |= b[:, i] << i
-    return out
+    shifts = torch.arange(8, dtype=torch.uint8, device=flat.device)
+    return (b.view(-1, 8) << shifts).sum(dim=1, dtype=torch.uint8)  # bit i of a byte: entry i (at most 255)
 
 
 def unpack_bits(packed: Tensor, count: int) -> Tensor:
