@@ -39,15 +39,25 @@ def copy_all_(pairs: Iterable[tuple[Tensor, Tensor]]) -> None:
     A copy between pinned host memory and a GPU (either way) is queued with ``non_blocking=True`` and the
     GPU's stream is synchronized once after the last: the copies overlap, and no caller reads a destination
     or overwrites a source (a pinned one the host could change) before its copy is done. Every other copy is
-    ``copy_``'s ordinary one (synchronous across devices; on one CPU, unchanged).
+    ``copy_``'s ordinary one (synchronous across devices); the copies within one device run together
+    (``torch._foreach_copy_``: on a CPU the same ``copy_`` per pair). The destinations must not overlap the
+    sources.
     """
     pending: set[torch.device] = set()
+    local: dict[torch.device, tuple[list[Tensor], list[Tensor]]] = {}
     for dst, src in pairs:
-        device = _asynchronous(dst, src) if dst.device != src.device else None
+        if dst.device == src.device:  # copied together below, per device (one multi-tensor copy on a GPU)
+            dsts, srcs = local.setdefault(dst.device, ([], []))
+            dsts.append(dst)
+            srcs.append(src)
+            continue
+        device = _asynchronous(dst, src)
         if device is None:
             dst.copy_(src)
         else:
             dst.copy_(src, non_blocking=True)
             pending.add(device)
+    for dsts, srcs in local.values():
+        torch._foreach_copy_(dsts, srcs)
     for device in pending:
         synchronize(device)

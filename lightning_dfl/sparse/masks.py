@@ -150,9 +150,18 @@ class ModelMask:
 
     @torch.no_grad()
     def apply_(self) -> None:
-        """Zero the inactive weights (call after every optimizer step)."""
-        for name, param in self.params.items():
-            zero_inactive_(param, self._as(name, param.dtype))
+        """Zero the inactive weights (call after every optimizer step): :func:`zero_inactive_` of every parameter
+        at once (``torch._foreach_mul_`` and ``_foreach_add_``: a few multi-tensor kernels per step on a GPU
+        instead of two per layer; on a CPU the same ``mul_`` and ``add_`` per tensor)."""
+        params = list(self.params.values())
+        masks = [self._as(name, param.dtype) for name, param in self.params.items()]
+        if any(m.device != p.device for m, p in zip(masks, params)):
+            for param, mask in zip(params, masks):
+                zero_inactive_(param, mask)
+            return
+        if params:
+            torch._foreach_mul_(params, masks)
+            torch._foreach_add_(params, 0.0)
 
     def to(self, device: torch.device | str) -> "ModelMask":
         """Move the mask tensors to ``device`` (after the module was moved)."""
