@@ -197,8 +197,9 @@ def check_images_fit(count: int, channels: int, size: int) -> None:
     if available is not None and need > available:
         largest = max(1, int((available / max(1, count * channels)) ** 0.5))
         raise ValueError(f"image_size={size} would make {count} images of {channels}x{size}x{size} bytes take "
-                         f"{need / 1e9:.1f} GB, more than the {available / 1e9:.1f} GB of memory available; use an "
-                         f"image_size of at most {largest} (and far less leaves room for training)")
+                         f"{host_memory.format_bytes(need)}, more than the {host_memory.format_bytes(available)} of "
+                         f"memory available; use an image_size of at most {largest} (and far less leaves room for "
+                         "training)")
 
 
 def resize_images(images: Tensor, size: int, chunk: int = 4096) -> Tensor:

@@ -375,3 +375,12 @@ def test_a_compressed_but_modest_checkpoint_is_still_read(tmp_path):
         for name, data in members.items():
             archive.writestr(name, data)
     assert torch.equal(read_state(path)["weights"], torch.ones(300))
+
+
+def test_every_memory_message_writes_a_size_one_way():
+    """``format_bytes``: bytes below 1 KiB, KiB and MiB to a tenth, GiB to a hundredth (the checkpoint, store and
+    data-set checks all use it)."""
+    from lightning_dfl.host_memory import format_bytes
+
+    assert [format_bytes(n) for n in (0, 1023, 1024, 5400, 512 * 2**20, 11.44 * 2**30, 3 * 2**40)] == [
+        "0 B", "1023 B", "1.0 KiB", "5.3 KiB", "512.0 MiB", "11.44 GiB", "3072.00 GiB"]

@@ -25,7 +25,7 @@ import torch
 
 from lightning_dfl.federation.compact_records import FORMAT as COMPACT_FORMAT
 from lightning_dfl.federation.compact_records import unpack_bits
-from lightning_dfl.host_memory import available_bytes
+from lightning_dfl.host_memory import available_bytes, format_bytes
 
 FORMAT = "lightning-dfl/federation"
 FORMAT_VERSION = 2
@@ -138,13 +138,14 @@ def _check_declared_size(parts: list[zipfile.ZipInfo], file_size: int, where: st
     declared = sum(part.file_size for part in parts)
     bound = file_size * _EXPANSION + _EXPANSION_SLACK
     if declared > bound:
-        raise CheckpointError(f"the checkpoint {where} declares {_size(declared)} of data in a file of "
-                              f"{_size(file_size)}: refused before reading it, since a torch checkpoint stores its "
-                              f"data uncompressed (at most {_size(bound)}, 4 x the file size + 64 MiB, is allowed)")
+        raise CheckpointError(f"the checkpoint {where} declares {format_bytes(declared)} of data in a file of "
+                              f"{format_bytes(file_size)}: refused before reading it, since a torch checkpoint stores "
+                              f"its data uncompressed (at most {format_bytes(bound)}, 4 x the file size + 64 MiB, is "
+                              "allowed)")
     available = _available_memory()
     if available is not None and declared > available:
-        raise CheckpointError(f"the checkpoint {where} declares {_size(declared)} of data, more than the "
-                              f"{_size(available)} of memory available: refused before reading it")
+        raise CheckpointError(f"the checkpoint {where} declares {format_bytes(declared)} of data, more than the "
+                              f"{format_bytes(available)} of memory available: refused before reading it")
 
 
 def _available_memory() -> int | None:
@@ -156,14 +157,6 @@ def _available_memory() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):  # not on this OS
         return None
-
-
-def _size(nbytes: int) -> str:
-    """``nbytes`` in words: ``'512.0 MiB'``."""
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    power = min(3, (nbytes.bit_length() - 1) // 10)
-    return f"{nbytes / 1024**power:.1f} {('KiB', 'MiB', 'GiB')[power - 1]}"
 
 
 def read_state(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_dfl.host_memory import available_bytes
+from lightning_dfl.host_memory import available_bytes, format_bytes
 from lightning_dfl.transfers import ASYNC_DEVICE_TYPES
 
 GIB = 2**30
@@ -33,10 +33,6 @@ STORE_DEVICES = ("auto", "cpu", "worker")
 AUTO_KEEP_FRACTION = 0.25
 #: ... and at least this much (a small GPU's 25% would not hold a ResNet18's activations at batch 128)
 AUTO_KEEP_MIN_BYTES = 2 * GIB
-
-
-def _size(nbytes: float) -> str:
-    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def dense_store_bytes(template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int) -> int:
@@ -69,8 +65,9 @@ def check_store_fits(kind: str, template: Mapping[str, Tensor], masked_names: li
     compact = processes * compact_store_bytes(template, masked_names, num_nodes, density)
     copies = f" ({processes} processes, a copy each)" if processes > 1 else ""
     raise MemoryError(
-        f"the dense client store of {num_nodes} nodes needs {_size(need)}{copies} but only {_size(available)} of "
-        f"memory are available: set trainer.store: compact (about {_size(compact)} between rounds at density "
+        f"the dense client store of {num_nodes} nodes needs {format_bytes(need)}{copies} but only "
+        f"{format_bytes(available)} of "
+        f"memory are available: set trainer.store: compact (about {format_bytes(compact)} between rounds at density "
         f"{density:.2f}, up to twice that within a round), or use fewer clients")
 
 
@@ -143,7 +140,8 @@ def resolve_store_device(requested: str, worker_device: torch.device | str, esti
         return torch.device("cpu"), f"the worker is on the {worker.type}, not a GPU"
     free = accelerator_free_bytes(worker) if free_bytes is None else free_bytes
     keep = max(AUTO_KEEP_FRACTION * free, AUTO_KEEP_MIN_BYTES)
-    sizes = f"{_size(estimate_bytes)} for {_size(free)} free, {_size(keep)} of it kept for training"
+    sizes = (f"{format_bytes(estimate_bytes)} for {format_bytes(free)} free, {format_bytes(keep)} of it kept for "
+             "training")
     if estimate_bytes <= free - keep:
         return worker, f"the client store fits in {worker}'s memory ({sizes})"
     return torch.device("cpu"), f"the client store does not fit in {worker}'s memory ({sizes})"
