@@ -11,7 +11,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_dfl.checks import check_int, is_int, is_number
+from lightning_dfl.checks import check_bool, check_int, is_int, is_number
 from lightning_dfl.deferred import accumulator_dtype, host_reads_are_cheap
 from lightning_dfl.models import available_models, build_model
 from lightning_dfl.models import model_options as builder_options
@@ -115,8 +115,7 @@ class SparseClassifier(LightningModule):
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"unknown distribution {distribution!r}; allowed: {', '.join(DISTRIBUTIONS)}")
         _check_real("erk_power_scale", erk_power_scale, 0.0)
-        if not isinstance(mask_shortcuts, bool):
-            raise ValueError(f"mask_shortcuts must be True or False, got {mask_shortcuts!r}")
+        check_bool("mask_shortcuts", mask_shortcuts)
         if mask_exclude is not None and (isinstance(mask_exclude, str) or not isinstance(mask_exclude, (list, tuple))
                                          or not all(isinstance(p, str) and p for p in mask_exclude)):
             raise ValueError(f"mask_exclude must be a list of non-empty name parts (e.g. ['fc']) or None, "

@@ -65,7 +65,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import check_int
-from lightning_dfl.federation.plan import RoundPlan
+from lightning_dfl.federation.plan import RoundPlan, every_and_last
 from lightning_dfl.seeding import derive_seed
 
 #: diagnostics are on by default up to this many clients (``diagnostics="auto"``)
@@ -412,7 +412,7 @@ class RunDiagnostics:
     # -- recording -------------------------------------------------------------------------------
     def diagnoses(self, round_idx: int) -> bool:
         """Whether ``round_idx`` computes the diagnostics: every ``every``-th round and the last."""
-        return (round_idx + 1) % self.every == 0 or round_idx == self.rounds - 1
+        return every_and_last(round_idx, self.every, self.rounds)
 
     def start(self, store: Any, client_labels: Sequence[Sequence[int]] | None = None,
               groups: Sequence[int] | None = None) -> None:

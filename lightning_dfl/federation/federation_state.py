@@ -23,15 +23,11 @@ from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.context import CountingBatches, EvaluationContext
 from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
+from lightning_dfl.federation.plan import every_and_last
 from lightning_dfl.federation.state import ClientStore
 from lightning_dfl.transfers import copy_all_
 
-__all__ = ["FederationState", "HookDispatch", "is_evaluated"]
-
-
-def is_evaluated(round_idx: int, eval_every: int, rounds: int) -> bool:
-    """Whether round ``round_idx`` (from 0) of ``rounds`` is evaluated: every ``eval_every``-th, and the last."""
-    return (round_idx + 1) % eval_every == 0 or round_idx == rounds - 1
+__all__ = ["FederationState", "HookDispatch"]
 
 
 class HookDispatch:
@@ -90,7 +86,7 @@ class FederationState:
 
     def evaluates(self, round_idx: int) -> bool:
         """Whether ``round_idx`` is an evaluated round: every ``eval_every``-th, and the last."""
-        return is_evaluated(round_idx, self.eval_every, self.rounds)
+        return every_and_last(round_idx, self.eval_every, self.rounds)
 
     def train_batches(self, client: int, generator: torch.Generator) -> CountingBatches:
         """The client's training batches drawn with ``generator``, on the worker's device, in the precision's

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_dfl.checks import check_int
+from lightning_dfl.checks import check_bool, check_int
 
 
 @dataclass
@@ -50,12 +50,6 @@ class Message:
     def nbytes(self) -> int:
         """All bytes sent: values plus side information."""
         return self.value_bytes + self.index_bytes
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 def _dense_bytes(tensor: Tensor, bytes_per_value: int) -> int:
@@ -109,7 +103,7 @@ class MaskedCodec(Codec):
     name = "masked"
 
     def __init__(self, send_mask: bool = True, bytes_per_value: int = 4) -> None:
-        self.send_mask = _check_bool("send_mask", send_mask)
+        self.send_mask = check_bool("send_mask", send_mask)
         self.bytes_per_value = check_int("bytes_per_value", bytes_per_value, 1)
 
     def encode(self, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None, *, sender: int,
@@ -270,8 +264,8 @@ class QuantizedCodec(Codec):
 
     def __init__(self, bits: int = 8, stochastic: bool = False, send_mask: bool = True) -> None:
         self.bits = check_int("bits", bits, 1, 32)
-        self.stochastic = _check_bool("stochastic", stochastic)
-        self.send_mask = _check_bool("send_mask", send_mask)
+        self.stochastic = check_bool("stochastic", stochastic)
+        self.send_mask = check_bool("send_mask", send_mask)
 
     @torch.no_grad()
     def encode(self, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None, *, sender: int,

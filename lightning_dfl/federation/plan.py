@@ -12,6 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def every_and_last(round_idx: int, every: int, rounds: int) -> bool:
+    """Whether round ``round_idx`` (from 0) of ``rounds`` is on an "every ``every`` rounds, and the last"
+    schedule (evaluations, diagnostics)."""
+    return (round_idx + 1) % every == 0 or round_idx == rounds - 1
+
+
 @dataclass(frozen=True)
 class Source:
     """A model a task aggregates: ``node``'s start-of-round model, or if ``fresh`` the one it

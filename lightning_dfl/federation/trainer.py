@@ -38,7 +38,7 @@ from lightning_dfl.federation.compact_state import check_store_kind
 from lightning_dfl.federation.context import CountingBatches
 from lightning_dfl.federation.diagnostics import AUTO_MAX_K, RunDiagnostics, check_diagnostics, personal_spread
 from lightning_dfl.federation.executor import SerialExecutor
-from lightning_dfl.federation.federation_state import FederationState, HookDispatch, is_evaluated
+from lightning_dfl.federation.federation_state import FederationState, HookDispatch
 from lightning_dfl.federation.interrupts import Interrupted, resume_command, stop_requests
 from lightning_dfl.federation.kernels import (
     apply_matmul_precision,
@@ -49,6 +49,7 @@ from lightning_dfl.federation.kernels import (
     resolve_memory_format,
 )
 from lightning_dfl.federation.participation import RoundPlanner, check_faults
+from lightning_dfl.federation.plan import every_and_last
 from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
 from lightning_dfl.federation.sharding import ShardedExecutor, check_processes, check_shardable
 from lightning_dfl.federation.state import ClientFields, ClientStore
@@ -272,7 +273,7 @@ class FederatedTrainer:
 
     def evaluates(self, round_idx: int) -> bool:
         """Whether ``round_idx`` is an evaluated round: every ``eval_every``-th, and the last."""
-        return is_evaluated(round_idx, self.eval_every, self.rounds)
+        return every_and_last(round_idx, self.eval_every, self.rounds)
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics to the current round's row (callbacks use this)."""

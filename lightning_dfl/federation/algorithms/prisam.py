@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.checks import check_bool, check_int, is_number
 from lightning_dfl.federation.algorithms.base import Algorithm, GossipAlgorithm
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.context import RoundContext, TaskContext
@@ -139,9 +139,7 @@ class PRISAM(GossipAlgorithm):
         if regroup not in REGROUPS:
             raise ValueError(f"unknown regroup {regroup!r}; allowed: {', '.join(REGROUPS)}")
         self.regroup = regroup
-        if not isinstance(prune_after_train, bool):
-            raise ValueError(f"prune_after_train must be True or False, got {prune_after_train!r}")
-        self.prune_after_train = prune_after_train
+        self.prune_after_train = check_bool("prune_after_train", prune_after_train)
         if grouping_ratio == "auto":
             self.grouping_ratio: float | str | None = "auto"
         else:
