@@ -172,7 +172,7 @@ class CompactClientStore(ClientStore):
         """A record of dense ``weights`` (flat, the store's dtypes, owned) and flat bool ``masks``; ``active``
         defaults to the values the masks keep. One host read for all parameters: each mask's count and whether
         a nonzero bit lies outside it (a value, or a ``-0.0``); only such a rare parameter reads more."""
-        masked = [n for n in self.names if n in self._masked]
+        masked = self.masked_names
         counts: list[int] = []
         outside: list[int] = []
         if masked:
@@ -243,7 +243,8 @@ class CompactClientStore(ClientStore):
                 if values.numel() != self.numels[n] and n not in record["neg"]:
                     groups.setdefault(values.dtype, []).append(n)
             grouped = [n for names in groups.values() for n in names]
-            order = grouped + [n for n in self.masked_names if n not in set(grouped)]  # each group contiguous
+            kept = set(grouped)
+            order = grouped + [n for n in self.masked_names if n not in kept]  # each group contiguous
             packed = [record["bits"][n] for n in order]
             bits = unpack_bits(torch.cat(packed), 8 * sum(p.numel() for p in packed))  # each part byte-padded
             offsets = dict(zip(order, np.cumsum([0] + [8 * p.numel() for p in packed]).tolist()))
