@@ -5,8 +5,9 @@ row by row, to ``benchmarks/results/gpu_check.md`` or ``--out``); checks that wo
 ``--budget-s`` seconds are listed as skipped:
 
 1. the README's main job (DisPFL on digits) on the GPU;
-2. one round of ``configs/dispfl_cifar10_dir.yaml`` (100 ResNet18 clients, E = 5), as configured, then
-   ``round_phases.py`` over two such rounds (where a warm round's time goes);
+2. one round of ``configs/dispfl_cifar10_dir.yaml`` (100 ResNet18 clients, E = 5), as configured, the same
+   with ``batched_clients: true`` (groups sized from the GPU's memory), then ``round_phases.py`` over two such
+   rounds (where a warm round's time goes);
 3. ``round_time.py --device cuda``: our round against the independent hand loop at K = 10 and K = 100;
 4. K = 100 ``cnn_cifar`` at E = 5 with ``batched_clients: true`` vs serial;
 5. K = 10 with ``bf16-mixed`` vs ``32-true``;
@@ -66,7 +67,12 @@ def fit(out: Path, name: str, config: str, *options: str, timeout: float = 300, 
     summary = json.loads((run / "summary.json").read_text())
     return {"name": name, "ok": True, "wall_s": wall, "run": str(run),
             "round_s": [float(r["time/wall_round_s"]) for r in rows], "summary": summary,
-            "metrics": rows}
+            "metrics": rows, "log": proc.stdout + proc.stderr}
+
+
+def logged(result: dict, prefix: str) -> str:
+    """The first line of the run's output that starts with ``prefix`` (empty when none, or the run failed)."""
+    return next((line.strip() for line in result.get("log", "").splitlines() if line.startswith(prefix)), "")
 
 
 def per_round(result: dict) -> float:
@@ -88,7 +94,7 @@ def row(result: dict, note: str = "") -> str:
             f"{note} |")
 
 
-CHECKS = ("main", "resnet18", "phases", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
+CHECKS = ("main", "resnet18", "resnet18-batched", "phases", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
 
 
 class Report:
@@ -172,6 +178,11 @@ def main() -> None:
     resnet_name = "ResNet18, 4 clients, E=1" if args.quick else "ResNet18, 100 clients, E=5, one round"
     if "resnet18" in args.checks and report.time_left(60, resnet_name):
         report.add(row(fit(out, resnet_name, config, *resnet, timeout=max(60, min(300, report.deadline - time.monotonic())))))
+    # 1a. the same round with batched clients (groups sized from the GPU's free memory; the log names the size)
+    if "resnet18-batched" in args.checks and report.time_left(60, resnet_name + ", batched_clients"):
+        grouped = fit(out, resnet_name + ", batched_clients", config, *resnet, "--trainer.batched_clients", "true",
+                      timeout=max(60, min(300, report.deadline - time.monotonic())))
+        report.add(row(grouped, logged(grouped, "Batched clients:")))
     # 1b. where the ResNet18 round's time goes: round_phases.py, 2 rounds (the second warm)
     phases = "(not run: not among --checks, or the time budget ran out)"
     if "phases" in args.checks and report.time_left(150, "ResNet18 round phases"):
@@ -207,7 +218,7 @@ def main() -> None:
         serial = fit(out, f"{many} E=5 serial", config, *k100, *epochs)
         batched = fit(out, f"{many} E=5 batched_clients", config, *k100, *epochs, "--trainer.batched_clients", "true")
         speedup = per_round(serial) / per_round(batched) if serial["ok"] and batched["ok"] else math.nan
-        report.add(row(serial), row(batched, f"{speedup:.2f} x serial"))
+        report.add(row(serial), row(batched, f"{speedup:.2f} x serial; {logged(batched, 'Batched clients:')}"))
     if "precision" in args.checks and report.time_left(40, "K=10 32-true / bf16-mixed"):
         fp32 = fit(out, "K=10 32-true", config, *k10)
         bf16 = fit(out, "K=10 bf16-mixed", config, *k10, "--trainer.precision", "bf16-mixed")

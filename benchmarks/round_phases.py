@@ -13,7 +13,8 @@ work is charged to the phase that queued it):
 
 ``--count-ops`` also counts each phase's kernels and host reads of values (:class:`OpCounter`): on a GPU each
 kernel is a launch and each read a wait, so the counts show a launch-bound or stalling phase on any device;
-``--device-paths`` takes the accelerators' code paths on the CPU, so a CPU counts what a GPU would do.
+``--device-paths`` takes the accelerators' code paths on the CPU, so a CPU counts what a GPU would do (the
+engine's, and the optimizer's multi-tensor ``foreach`` step, torch's default on a GPU).
 ``--profile-top N`` also runs ``torch.profiler`` over the last round and prints its N most expensive
 operators (by self device time on a GPU, self CPU time otherwise).
 
@@ -144,8 +145,10 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def instrument(trainer: Any, timer: PhaseTimer) -> None:
-    """Wrap the algorithm's hooks, the callbacks' task hooks, the store's writes and the round's end."""
+def instrument(trainer: Any, timer: PhaseTimer, device_paths: bool = False) -> None:
+    """Wrap the algorithm's hooks, the callbacks' task hooks, the store's writes, the round's end and the batched
+    executor's training (``local_train``). ``device_paths``: the optimizer takes its multi-tensor (``foreach``)
+    path, as ``torch.optim`` chooses by default for tensors on a GPU."""
     algorithm = trainer.algorithm
     for method, name in (("message", "messages"), ("aggregate", "aggregate"), ("evaluate", "evaluate"),
                          ("local_train", "local_train"), ("evaluate_round", "round end")):
@@ -161,6 +164,12 @@ def instrument(trainer: Any, timer: PhaseTimer) -> None:
         for method in ("publish", "set_mask", "write"):
             timer.wrap(trainer.store, method, "publish")
         timer.wrap(trainer.state, "consensus_metrics", "round end")
+        if callable(getattr(trainer.executor, "_train_together", None)):  # batched clients: their SGD steps
+            timer.wrap(trainer.executor, "_train_together", "local_train")
+        if device_paths:
+            for group in trainer.optimizer.param_groups:
+                if group.get("foreach") is None:
+                    group["foreach"] = True
         OpCounter.host_storages = {t.untyped_storage().data_ptr() for t in (
             trainer.store.slot, getattr(trainer.store, "active", trainer.store.slot))}
 
@@ -188,7 +197,7 @@ def main() -> None:
                        run=False)
     trainer = cli.trainer
     timer = PhaseTimer(torch.device(args.device))
-    instrument(trainer, timer)
+    instrument(trainer, timer, args.device_paths)
     rows: list[tuple[int, float, dict[str, float], dict[str, int], dict[str, int]]] = []
     profiler_table = ""
     original_round = trainer.run_round

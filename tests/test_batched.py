@@ -8,8 +8,9 @@ from torch import nn
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import batched
 from lightning_dfl.federation.algorithms import DPSGD, DFedSAM, DisPFL, Local
-from lightning_dfl.federation.batched import check_batchable
+from lightning_dfl.federation.batched import auto_group_size, check_batchable, client_step_bytes, memory_budget
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -75,6 +76,79 @@ def test_the_compact_store_gives_the_same_batched_run_bit_for_bit():
     assert not any(record["neg"] for record in compact.store.records)  # pruned weights are plain +0.0 here too
 
 
+def _weights(trainer):
+    return {n: t.clone() for n, t in trainer.store.weights.items()}
+
+
+def test_a_level_trained_in_groups_gives_the_run_of_one_group(monkeypatch):
+    """Groups of 1 and 4 (of 6 clients): started, trained and finished group by group, the same run as one group
+    up to float64 rounding (~1e-16 here), and as the serial path."""
+    sizes = []
+    train_together = batched.BatchedExecutor._train_together
+
+    def recorded(self, items):
+        sizes.append(len(items))
+        return train_together(self, items)
+
+    monkeypatch.setattr(batched.BatchedExecutor, "_train_together", recorded)
+    runs = {}
+    for group in (None, 1, 4):
+        sizes.clear()
+        trainer = _fit(DisPFL(num_neighbors=2), True, momentum=0.5, precision="64-true", batched_group_size=group)
+        runs[group] = (_weights(trainer), trainer.history[-1])
+        assert sizes == {None: [6], 1: [1] * 6, 4: [4, 2]}[group]
+    serial = _fit(DisPFL(num_neighbors=2), False, momentum=0.5, precision="64-true")
+    for group in (1, 4):
+        for name, tensor in runs[None][0].items():
+            assert torch.allclose(runs[group][0][name], tensor, atol=1e-12, rtol=0), (group, name)
+            assert torch.allclose(serial.store.weights[name], tensor, atol=1e-12, rtol=0), name
+        assert runs[group][1]["acc/personal_mean"] == runs[None][1]["acc/personal_mean"]
+
+
+def test_the_automatic_group_size_divides_the_memory_budget_by_a_clients_step(monkeypatch, caplog):
+    """``batched_group_size: None``: the budget over one client's measured step, floored, at least one."""
+    assert auto_group_size(1000, 2999) == 2 and auto_group_size(1000, 3000) == 3
+    assert auto_group_size(1000, 999) == 1 and auto_group_size(1000, None) is None
+    sizes = []
+    train_together = batched.BatchedExecutor._train_together
+    monkeypatch.setattr(batched.BatchedExecutor, "_train_together",
+                        lambda self, items: sizes.append(len(items)) or train_together(self, items))
+    monkeypatch.setattr(batched, "client_step_bytes", lambda model, inputs, autocast: 3 * 2**20)
+    monkeypatch.setattr(batched, "memory_budget", lambda device: 8 * 2**20)
+    with caplog.at_level("INFO"):
+        trainer = _fit(Local(), True, rounds=2)
+    assert trainer.executor.group_size == 2 and sizes == [2, 2, 2] * 2
+    assert [r.getMessage() for r in caplog.records if "Batched clients" in r.getMessage()] == [
+        "Batched clients: at most 2 clients per step (one client's step takes about 3.0 MiB; 8.0 MiB may be used "
+        "on cpu)"]
+
+
+def test_a_clients_step_counts_the_saved_activations_twice_and_the_parameters_six_times():
+    """Linear(4, 3) then ReLU on 5 float32 samples: the forward saves the input (5 x 4 x 4 B) and the ReLU's
+    output (5 x 3 x 4 B), not the weight (a parameter); the parameters take (12 + 3) x 4 B."""
+    assert client_step_bytes(nn.Sequential(nn.Linear(4, 3), nn.ReLU()), torch.randn(5, 4)) == 2 * 140 + 6 * 60
+    norm = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    client_step_bytes(norm, torch.randn(5, 4) * 10)
+    assert torch.equal(norm[1].running_mean, torch.zeros(3)) and int(norm[1].num_batches_tracked) == 0
+
+
+def test_the_memory_budget_is_a_share_of_the_hosts_available_memory_on_a_cpu(monkeypatch):
+    monkeypatch.setattr(batched, "available_bytes", lambda: 1000)
+    assert memory_budget(torch.device("cpu")) == 600
+    monkeypatch.setattr(batched, "available_bytes", lambda: None)
+    assert memory_budget(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"batched_clients": True, "batched_group_size": 0}, "batched_group_size .* must be .*1.* got 0"),
+    ({"batched_group_size": 4}, "batched_group_size=4 sizes the groups of batched clients, but batched_clients is "
+                                "false"),
+])
+def test_a_bad_group_size_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FederatedTrainer(logger=False, **kwargs)
+
+
 #: a few clients and samples: the papers' models are large for a CPU test
 _SMALL = {"num_clients": 2, "max_train_samples": 50, "test_samples_per_client": 10}
 
@@ -101,8 +175,9 @@ def test_resnet18_in_float32_matches_the_serial_path_up_to_its_conditioning():
 
 @pytest.mark.parametrize("arch,options,data", [
     ("resnet20", None, None),  # six uneven clients: last batches of different sizes, clients running out
+    ("resnet20", None, {"batch_size": 256}),  # first batches of different sizes: step 0 in several calls
     ("vgg11", {"norm": "batch"}, {**_SMALL, "image_size": 32}),  # configs/dpsgd_prisam_cifar10_pat.yaml's model
-], ids=["resnet20", "vgg11_bn"])
+], ids=["resnet20", "resnet20_first_batches_differ", "vgg11_bn"])
 def test_batchnorm_running_statistics_match_the_serial_path(arch, options, data):
     """Each client's running statistics are stacked and updated by the batched forward; clients whose batches
     differ in size run in separate calls (a padded sample would enter the batch statistics). Compared in

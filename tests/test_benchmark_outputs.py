@@ -20,12 +20,14 @@ def _script(name: str):
 @pytest.mark.parametrize("name, args, files", [
     ("precision", ["--root", "unused"], ["precision.md", "precision.json"]),
     ("batched_clients", [], ["batched_clients_cpu.md", "batched_clients_cpu.json"]),
+    ("batched_memory", [], ["batched_memory_cpu.md", "batched_memory_cpu.json"]),
 ])
 def test_out_names_the_results_folder(tmp_path, monkeypatch, capsys, name, args, files):
     script = _script(name)
     committed = {p: p.stat().st_mtime_ns for p in (BENCHMARKS / "results").glob("*")}
     result = {"precision": "32-true", "images_per_s": 100.0, "wall_s": 1.0, "final_accuracy": 0.5, "best_accuracy": 0.5,
-              "round_s": 1.0, "accuracy": 0.5}
+              "round_s": 1.0, "accuracy": 0.5, "arch": "cnn_cifar", "clients": 4, "estimate_per_client": 2**20,
+              "estimate": 2**22, "measured": 2**22}
     monkeypatch.setattr(script, "run", lambda *a, **k: dict(result))  # the measurement itself is not run here
     if hasattr(script, "cpu_bf16_flags"):
         monkeypatch.setattr(script, "cpu_bf16_flags", lambda: [])
@@ -56,16 +58,18 @@ def test_round_phases_splits_a_round_into_timed_phases(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("runs"))
 
 
-def test_round_phases_counts_kernels_and_host_reads_on_the_accelerators_paths(tmp_path, monkeypatch):
+@pytest.mark.parametrize("batched", ["false", "true"])
+def test_round_phases_counts_kernels_and_host_reads_on_the_accelerators_paths(tmp_path, monkeypatch, batched):
     """--count-ops --device-paths: per phase, the kernels a GPU would launch and the reads it would wait for;
-    the SGD steps and the evaluations read nothing, the steps launch the most kernels."""
+    the SGD steps (serial, or the batched executor's) and the evaluations read nothing, the steps launch the
+    most kernels."""
     script = _script("round_phases")
     out = tmp_path / "phases.md"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["round_phases.py", "--config", str(BENCHMARKS.parent / "configs" / "dispfl_digits.yaml"),
                                      "--rounds", "2", "--count-ops", "--device-paths", "--out", str(out), "--",
                                      "--data.num_clients", "6", "--trainer.algorithm.num_neighbors", "2",
-                                     "--trainer.store", "compact"])
+                                     "--trainer.store", "compact", "--trainer.batched_clients", batched])
     script.main()
     text = out.read_text()
     assert "the accelerators' code paths" in text

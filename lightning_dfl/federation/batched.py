@@ -30,6 +30,14 @@ for twenty steps at lr 0.05 ends visibly apart from the serial run (two float32 
 threads already differ by ~1e-3 after five steps). The batched step runs NCHW kernels whatever the
 trainer's ``memory_format`` (the serial path's channels-last kernels round differently again).
 
+Memory: a batched step holds every one of its clients' activations, parameters, gradients and momenta
+at once (the papers' ResNet18 at batch 128: about 1.4 GiB per client), so a level is trained in groups of
+at most ``group_size`` clients (the trainer's ``batched_group_size``): each group's tasks are started,
+trained together and finished before the next group starts, as the serial executor interleaves them.
+``None`` sizes the groups from memory (:func:`auto_group_size`): one client's share of a step
+(:func:`client_step_bytes`, measured on the run's first batch) into a fraction of the memory free on the
+worker's device (a GPU's free and cached memory, the host's available memory on a CPU).
+
 It applies to the default local loop only: an algorithm with its own ``local_train``, ``loss``,
 ``optimizer_step`` or kept optimizer state, a module with its own ``loss``, a model with dropout,
 other buffers or BatchNorm without momentum (a cumulative average over the worker's batch count),
@@ -39,11 +47,13 @@ reason, before training.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.rank_zero import rank_zero_info
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -54,15 +64,72 @@ from lightning_dfl.federation.context import TaskContext
 from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.local import _batches
 from lightning_dfl.federation.plan import RoundPlan
-from lightning_dfl.sparse.masks import zero_inactive_
+from lightning_dfl.host_memory import available_bytes, format_bytes
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
 
-__all__ = ["BatchedExecutor", "check_batchable"]
+__all__ = ["BatchedExecutor", "auto_group_size", "check_batchable", "client_step_bytes", "memory_budget"]
 
 _BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
                 "on_before_optimizer_step")
+
+#: the share of the free memory that the automatic group size lets one batched step take (the rest: the data,
+#: the store's reads and writes, the allocator's slack)
+MEMORY_FRACTION = 0.6
+#: one client's share of a batched step, in copies of one forward's saved activations (those and the backward's
+#: gradients of them) and of its parameters (the captured start, the stacked weights, masks, gradients,
+#: momentum and the updated weights)
+ACTIVATION_COPIES = 2
+PARAMETER_COPIES = 6
+
+
+def client_step_bytes(model: nn.Module, inputs: Tensor, autocast: Any = None) -> int:
+    """One client's share of a batched training step on ``inputs`` (a batch as the step receives it):
+    :data:`ACTIVATION_COPIES` times the bytes the forward saves for the backward (each storage counted once,
+    the parameters' own not at all) plus :data:`PARAMETER_COPIES` times the parameters' bytes.
+
+    The forward runs on copies of the model's buffers (BatchNorm's running statistics are left as they were)
+    under ``autocast`` (a context manager factory, e.g. ``fabric.autocast``), and draws no random numbers for a
+    model that :func:`check_batchable` accepts."""
+    params = dict(model.named_parameters())
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    owned = {p.untyped_storage().data_ptr() for p in params.values()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in owned:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+            (autocast() if autocast is not None else contextlib.nullcontext()):
+        functional_call(model, (params, buffers), (inputs,))
+    parameter_bytes = sum(p.numel() * p.element_size() for p in params.values())
+    return ACTIVATION_COPIES * sum(seen.values()) + PARAMETER_COPIES * parameter_bytes
+
+
+def memory_budget(device: torch.device) -> int | None:
+    """The bytes a batched step may take on ``device``: :data:`MEMORY_FRACTION` of a CUDA GPU's free memory
+    (``torch.cuda.mem_get_info``) plus what its caching allocator holds unused; on any other device, of the
+    host's available memory (``None`` where that is unknown: no limit)."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) \
+            - torch.cuda.memory_allocated(device)
+    else:
+        free = available_bytes()
+        if free is None:
+            return None
+    return int(MEMORY_FRACTION * free)
+
+
+def auto_group_size(per_client: int, budget: int | None) -> int | None:
+    """The most clients a batched step takes when each needs ``per_client`` bytes of ``budget``: at least one;
+    ``None`` (no limit) when the budget is unknown."""
+    if budget is None:
+        return None
+    return max(1, budget // max(1, per_client))
 
 
 def check_batchable(algorithm: Any, module: Any, optimizer: Any, precision: Any, callbacks: list[Any]) -> None:
@@ -127,35 +194,67 @@ class _Started:
 
 
 class BatchedExecutor(SerialExecutor):
-    """Runs each plan level's training tasks together (see the module docstring)."""
+    """Runs each plan level's training tasks together, in groups of at most ``group_size`` clients (``None``:
+    sized from memory on the run's first batch; see the module docstring)."""
+
+    def __init__(self, state: FederationState, group_size: int | None = None) -> None:
+        super().__init__(state)
+        self.group_size = group_size
+        self._sized = group_size is not None
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
         accounting = accounting if accounting is not None else RoundAccounting(
             plan.round_idx, observer=self.state.diag)
-        t = self.state
+        store = self.state.store
         self.begin_round(plan)
-        store = t.store
         for level in plan.levels():
-            started = []
+            group: list[_Started] = []
             for task in level:
                 begun = self.start_task(task, accounting, evaluate, exchange)
                 store.task_started(task)
-                if begun is not None:
-                    started.append(self._capture(*begun))
-                else:  # a server's task: done
+                if begun is None:  # a server's task: done
                     store.task_finished(task)
-            losses, weights = self._train_together(started) if started else ([], [])
-            for item, loss, trained in zip(started, losses, weights):
-                t.current_client = item.ctx.node
-                self.load({**self.state.worker, **trained})
-                t.module.mask.load_(item.masks, apply=False)
-                t.train_dataloader = item.ctx.train_batches
-                item.record.loss = loss
-                self.finish_task(item.ctx, item.record, accounting, evaluate)
-                store.task_finished(item.ctx.task)
-        t.current_client = None
+                    continue
+                group.append(self._capture(*begun))
+                if not self._sized:
+                    self._size_groups(group[0])
+                if self.group_size is not None and len(group) == self.group_size:
+                    self._train_and_finish(group, accounting, evaluate)
+                    group = []
+            if group:
+                self._train_and_finish(group, accounting, evaluate)
+        self.state.current_client = None
         return accounting
+
+    def _size_groups(self, item: _Started) -> None:
+        """Choose :attr:`group_size` from memory with the first captured task (its first batch, at the
+        worker's current weights) and say so once."""
+        self._sized = True
+        if not item.batches:
+            self._sized = False  # no batch to measure with: the next task measures
+            return
+        t = self.state
+        device = item.batches[0][0].device
+        per_client = client_step_bytes(t.module.model, item.batches[0][0], t.fabric.autocast)
+        budget = memory_budget(device)
+        self.group_size = auto_group_size(per_client, budget)
+        limit = "every client of a level" if self.group_size is None else f"at most {self.group_size} clients"
+        rank_zero_info(f"Batched clients: {limit} per step (one client's step takes about "
+                       f"{format_bytes(per_client)}; {'no memory limit known' if budget is None else format_bytes(budget) + ' may be used'} on {device})")
+
+    def _train_and_finish(self, group: list[_Started], accounting: RoundAccounting, evaluate: bool) -> None:
+        """Train ``group`` together, then finish each of its tasks as the serial executor does."""
+        t = self.state
+        losses, weights = self._train_together(group)
+        for item, loss, trained in zip(group, losses, weights):
+            t.current_client = item.ctx.node
+            self.load({**t.worker, **trained})
+            t.module.mask.load_(item.masks, apply=False)
+            t.train_dataloader = item.ctx.train_batches
+            item.record.loss = loss
+            self.finish_task(item.ctx, item.record, accounting, evaluate)
+            t.store.task_finished(item.ctx.task)
 
     def _capture(self, ctx: TaskContext, record: ClientRecord) -> _Started:
         """The task's start state and its batches, drawn as the serial loop would draw them."""
@@ -177,6 +276,7 @@ class BatchedExecutor(SerialExecutor):
         params = {n: torch.stack([it.weights[n] for it in items]) for n in names}
         masks = {n: torch.stack([it.masks[n] for it in items]).to(params[n].dtype)
                  for n in names if n in items[0].masks}
+        masked = [n for n in names if n in masks]
         # BatchNorm's running statistics, one per client, updated in place by each batched forward
         stats = {n: torch.stack([it.buffers[n] for it in items]) for n in items[0].buffers}
         counters = {n: t.clone() for n, t in stats.items() if not t.is_floating_point()}  # num_batches_tracked
@@ -188,78 +288,116 @@ class BatchedExecutor(SerialExecutor):
             return (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
 
         step_fn = vmap(grad_and_value(loss_of))
-        loss_sum: list[Tensor | float] = [0.0] * len(items)
+        device = params[names[0]].device
+        loss_sums = torch.zeros(len(items), dtype=accumulator_dtype(device), device=device)
         count = [0] * len(items)
 
-        def step(s: int, rows: list[int]) -> None:
-            """Step ``s`` of the clients ``rows`` (the others keep their weights, statistics and momentum)."""
-            sizes = [int(items[i].batches[s][1].shape[0]) for i in rows]
-            width = max(sizes)
-            x0 = items[rows[0]].batches[s][0]
-            xs = torch.zeros((len(rows), width, *x0.shape[1:]), dtype=x0.dtype, device=x0.device)
-            ys = torch.zeros((len(rows), width), dtype=torch.long, device=x0.device)
-            ws = torch.zeros((len(rows), width), dtype=x0.dtype, device=x0.device)
-            for j, (i, size) in enumerate(zip(rows, sizes)):
-                xs[j, :size], ys[j, :size], ws[j, :size] = items[i].batches[s][0], items[i].batches[s][1], 1.0
-            whole = len(rows) == len(items)
-            index = None if whole else torch.tensor(rows, device=x0.device)
-            sub = params if whole else {n: params[n].index_select(0, index) for n in names}
-            sub_stats = stats if whole else {n: t.index_select(0, index) for n, t in stats.items()}
+        model.train()
+        # the steps' calls: the clients with a batch at each step (those that ran out keep their state); with
+        # batch statistics one call per batch size (padding would enter the statistics), else one call with a
+        # shorter batch padded with zero-weight samples
+        calls: list[tuple[int, list[int], int | None]] = []  # (step, rows, where the rows' index starts)
+        flat: list[int] = []
+        for s in range(max(len(it.batches) for it in items)):
+            by_size: dict[int, list[int]] = {}
+            for i, it in enumerate(items):
+                if s < len(it.batches):
+                    by_size.setdefault(int(it.batches[s][1].shape[0]) if batch_stats else 0, []).append(i)
+            for rows in by_size.values():
+                calls.append((s, rows, None if len(rows) == len(items) else len(flat)))
+                flat += rows if len(rows) < len(items) else []
+        # the row indices of the calls that take some of the clients, copied to the device at once (a copy from
+        # the host per call would wait for the device each time)
+        indices = torch.tensor(flat, dtype=torch.long).to(device) if flat else None
+
+        def step(s: int, rows: list[int], start: int | None) -> None:
+            """Step ``s`` of the clients ``rows`` (the others keep their weights, statistics and momentum); the
+            update is multi-tensor (``torch._foreach_*``: a few kernels per step on a GPU, not a few per layer),
+            each operation as the per-layer form rounds it."""
+            batches = [items[i].batches[s] for i in rows]
+            sizes = [int(y.shape[0]) for _, y in batches]
+            xs, ys, ws = _stacked(batches, sizes)
+            whole = start is None
+            index = None if whole else indices[start:start + len(rows)]
+
+            def select(tensors: dict[str, Tensor], keys: list[str]) -> list[Tensor]:
+                return [tensors[n] if whole else tensors[n].index_select(0, index) for n in keys]
+
+            def write(tensors: dict[str, Tensor], keys: list[str], values: list[Tensor]) -> None:
+                if whole:
+                    tensors.update(zip(keys, values))
+                else:
+                    for n, value in zip(keys, values):
+                        tensors[n][index] = value
+
+            weights = select(params, names)
+            sub_stats = dict(zip(stats, select(stats, list(stats))))
             with self.state.fabric.autocast():  # as the serial closure (64-true: float64 by default)
-                grads, losses = step_fn(sub, sub_stats, xs, ys, ws)
-            weighted = losses.detach().to(accumulator_dtype(losses.device))  # summed on the device, read at round end
-            for j, (i, size) in enumerate(zip(rows, sizes)):
-                loss_sum[i] = loss_sum[i] + weighted[j] * size
+                grads, losses = step_fn(dict(zip(names, weights)), sub_stats, xs, ys, ws)
+            # summed on the device, read at the round's end (the real samples per client: exact in any float)
+            weighted = losses.detach().to(loss_sums.dtype) * ws.sum(1).to(loss_sums.dtype)
+            if whole:
+                loss_sums.add_(weighted)
+            else:
+                loss_sums.index_add_(0, index, weighted)
+            for i, size in zip(rows, sizes):
                 count[i] += size
             with torch.no_grad():
-                if not whole:  # the statistics the forward updated, written back
-                    for n, t in sub_stats.items():
-                        stats[n][index] = t
-                for n in names:
-                    mask = None if n not in masks else (masks[n] if whole else masks[n].index_select(0, index))
-                    d_p = grads[n] * mask if mask is not None else grads[n]
-                    if wd:
-                        d_p = d_p + wd * sub[n]
-                    if momentum:
-                        if s == 0:  # every client with data takes its first step at step 0: buf = d_p
-                            momenta.setdefault(n, torch.zeros_like(params[n]))
-                            momenta[n][index if index is not None else slice(None)] = d_p
-                        elif whole:
-                            momenta[n] = momentum * momenta[n] + (1 - dampening) * d_p
-                        else:
-                            momenta[n][index] = momentum * momenta[n].index_select(0, index) + (1 - dampening) * d_p
-                        kept = momenta[n] if whole else momenta[n].index_select(0, index)
-                        d_p = d_p + momentum * kept if nesterov else kept
-                    updated = sub[n] - lr * d_p
-                    if mask is not None:  # re-masked as the module's apply_ does (plain +0.0 outside)
-                        updated = zero_inactive_(updated, mask)
-                    if whole:
-                        params[n] = updated
+                if not whole:  # the statistics the forward updated in the copies, written back
+                    write(stats, list(stats), list(sub_stats.values()))
+                layer_masks = select(masks, masked)
+                d_p = dict(grads)
+                d_p.update(zip(masked, torch._foreach_mul([grads[n] for n in masked], layer_masks)))
+                steps = [d_p[n] for n in names]
+                if wd:
+                    steps = torch._foreach_add(steps, torch._foreach_mul(weights, wd))
+                if momentum:
+                    if s == 0:  # every client with data takes its first step at step 0: buf = d_p
+                        if not whole:  # the clients without data (or of another batch size) keep theirs
+                            for n in names:
+                                momenta.setdefault(n, torch.zeros_like(params[n]))
+                        write(momenta, names, steps)
+                        kept = steps
                     else:
-                        params[n][index] = updated
+                        kept = torch._foreach_add(torch._foreach_mul(select(momenta, names), momentum),
+                                                  torch._foreach_mul(steps, 1 - dampening))
+                        write(momenta, names, kept)
+                    steps = torch._foreach_add(steps, torch._foreach_mul(kept, momentum)) if nesterov else kept
+                updated = torch._foreach_sub(weights, torch._foreach_mul(steps, lr))
+                if masked:  # re-masked as the module's apply_ does (plain +0.0 outside)
+                    remasked = [t for n, t in zip(names, updated) if n in masks]
+                    torch._foreach_mul_(remasked, layer_masks)
+                    torch._foreach_add_(remasked, 0.0)
+                write(params, names, updated)
 
-        model.train()
-        for s in range(max(len(it.batches) for it in items)):
-            # the clients with a batch at this step (those that ran out keep their state)
-            rows = [i for i, it in enumerate(items) if s < len(it.batches)]
-            if not batch_stats:  # one call; a shorter batch padded with zero-weight samples
-                step(s, rows)
-                continue
-            by_size: dict[int, list[int]] = {}  # batch statistics: no padding, one call per batch size
-            for i in rows:
-                by_size.setdefault(int(items[i].batches[s][1].shape[0]), []).append(i)
-            for same in by_size.values():
-                step(s, same)
+        for s, rows, start in calls:
+            step(s, rows, start)
         with torch.no_grad():  # the worker's batch counters advance by every client's steps, as serially
             for n, start in counters.items():
                 model.get_buffer(n).add_((stats[n] - start).sum(0))
-        losses_out = [loss_sum[i] / count[i] if count[i] else float("nan") for i in range(len(items))]
+        losses_out = [loss_sums[i] / count[i] if count[i] else float("nan") for i in range(len(items))]
         kept = [n for n, t in stats.items() if t.is_floating_point()]
         return losses_out, [{**{n: params[n][i] for n in names}, **{n: stats[n][i] for n in kept}}
                             for i in range(len(items))]
 
 
-def batched_executor(state: FederationState) -> BatchedExecutor:
-    """The batched executor after :func:`check_batchable`."""
+def _stacked(batches: list[tuple[Tensor, Tensor]], sizes: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """One step's inputs, labels and sample weights, stacked along a new first dimension: a batch shorter than
+    the longest padded with zero-weight samples (zeros)."""
+    x0 = batches[0][0]
+    width = max(sizes)
+    if min(sizes) == width:  # one stack each, no padding
+        return (torch.stack([x for x, _ in batches]), torch.stack([y for _, y in batches]),
+                torch.ones((len(batches), width), dtype=x0.dtype, device=x0.device))
+    xs = torch.zeros((len(batches), width, *x0.shape[1:]), dtype=x0.dtype, device=x0.device)
+    ys = torch.zeros((len(batches), width), dtype=torch.long, device=x0.device)
+    ws = torch.zeros((len(batches), width), dtype=x0.dtype, device=x0.device)
+    for j, ((x, y), size) in enumerate(zip(batches, sizes)):
+        xs[j, :size], ys[j, :size], ws[j, :size] = x, y, 1.0
+    return xs, ys, ws
+
+
+def batched_executor(state: FederationState, group_size: int | None = None) -> BatchedExecutor:
+    """The batched executor after :func:`check_batchable` (``group_size``: see :class:`BatchedExecutor`)."""
     check_batchable(state.algorithm, state.module, state.optimizer, state.precision, state.callbacks)
-    return BatchedExecutor(state)
+    return BatchedExecutor(state, group_size)
