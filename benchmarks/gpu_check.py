@@ -4,7 +4,8 @@ Runs, each in its own process and most important first, and prints one table row
 row by row, to ``benchmarks/results/gpu_check.md`` or ``--out``); checks that would start after
 ``--budget-s`` seconds are listed as skipped:
 
-1. the README's main job (DisPFL on digits) on the GPU;
+1. the README's main job (DisPFL on digits) on the GPU, then ``step_time.py``: a ResNet18 step (NCHW and
+   channels-last) against the batched executor's step of 8 and 32 clients, per client step;
 2. one round of ``configs/dispfl_cifar10_dir.yaml`` (100 ResNet18 clients, E = 5), as configured, the same
    with ``batched_clients: true`` (groups sized from the GPU's memory), then ``round_phases.py`` over two such
    rounds (where a warm round's time goes);
@@ -94,7 +95,7 @@ def row(result: dict, note: str = "") -> str:
             f"{note} |")
 
 
-CHECKS = ("main", "resnet18", "resnet18-batched", "phases", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
+CHECKS = ("main", "steps", "resnet18", "resnet18-batched", "phases", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
 
 
 class Report:
@@ -158,8 +159,22 @@ def main() -> None:
     if "main" in args.checks:
         report.add(row(fit(out, "main job (dispfl_digits.yaml)", "configs/dispfl_digits.yaml", "--trainer.accelerator",
                            accelerator, *quick)))
+    # 0. a ResNet18 step, serial against the batched executor's (per client step): random batches, no data needed
+    steps = "(not run: not among --checks, or the time budget ran out)"
+    if "steps" in args.checks and report.time_left(60, "step_time.py"):
+        sizes = ["2"] if args.quick else ["8", "32"]
+        try:
+            proc = subprocess.run([sys.executable, str(HERE / "step_time.py"), "--device", args.device, "--settings",
+                                   "nchw-fp32", "cl-fp32", "--batched", *sizes, "--steps", "2" if args.quick else "10",
+                                   "--warmup", "1" if args.quick else "3", *(["--batch", "16"] if args.quick else [])],
+                                  capture_output=True, text=True, cwd=REPO,
+                                  timeout=max(60, min(180, report.deadline - time.monotonic())))
+            steps = proc.stdout[proc.stdout.find("| setting"):] if proc.returncode == 0 else proc.stderr[-1500:]
+        except subprocess.TimeoutExpired:
+            steps = "(step_time.py ran past the time budget)"
+        print(steps, flush=True)
     if root is None:
-        report.add("", "(no CIFAR-10 given: --root or --archive)")
+        report.add("", "(no CIFAR-10 given: --root or --archive)", "", "## A ResNet18 step (step_time.py)", "", steps)
         return
     config = "configs/dispfl_cifar10_dir.yaml"
     cifar = ["--data.dataset", "image_folder", "--data.root", root, "--trainer.accelerator", accelerator,
@@ -257,6 +272,7 @@ def main() -> None:
     if "resnet18-bf16" in args.checks and report.time_left(90, resnet_name + ", bf16-mixed"):
         report.add(row(fit(out, resnet_name + ", bf16-mixed", config, *resnet, "--trainer.precision", "bf16-mixed",
                            timeout=max(60, min(300, report.deadline - time.monotonic())))))
+    report.add("", "## A ResNet18 step, serial and batched (step_time.py)", "", steps)
     report.add("", "## Our round against the independent hand loop", "", table)
     report.add("", "## The ResNet18 round's phases (round_phases.py)", "", phases)
     shutil.rmtree(out, ignore_errors=True)

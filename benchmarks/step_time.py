@@ -10,9 +10,13 @@ the step) and times ``--steps`` SGD steps (lr 0.1, weight decay 5e-4) on random 
 * precision: ``fp32`` (with ``torch.set_float32_matmul_precision("high")``: TF32 on tensor cores)
   or ``bf16`` (``torch.autocast`` to bfloat16, as ``precision: bf16-mixed``);
 * the model's normalisation: GroupNorm (the papers') or BatchNorm;
-* ``torch.compile`` of the model (default mode), once.
+* ``torch.compile`` of the model (default mode), once;
+* ``--batched G ...``: the batched executor's own training (``BatchedExecutor._train_together``: ``vmap`` over G
+  stacked clients, then the multi-tensor masked SGD update), fp32, per batched step and per client step
+  (what ``batched_clients: true`` would make of the 2,000 steps).
 
     python benchmarks/step_time.py --device cuda
+    python benchmarks/step_time.py --device cuda --batched 8 32 55
     python benchmarks/step_time.py --device cpu --steps 3 --warmup 1 --settings cl-fp32   # a smoke test
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +82,41 @@ def time_setting(name: str, arch: str, device: torch.device, batch: int, steps: 
     return times[len(times) // 2]
 
 
+def time_batched(clients: int, arch: str, device: torch.device, batch: int, steps: int, warmup: int) -> float:
+    """Seconds per batched step of ``clients`` clients, through the batched executor's own training code (each
+    client with its own ERK mask; ``warmup`` steps first, then ``steps`` timed together)."""
+    from lightning_dfl.federation.batched import BatchedExecutor, _Started
+
+    module = SparseClassifier(arch=arch, density=0.5)
+    module.build(num_classes=10, in_channels=3, image_size=32)
+    model = module.model.to(device)
+    module.mask.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=5e-4)
+    state = SimpleNamespace(module=module, optimizer=optimizer,
+                            fabric=SimpleNamespace(autocast=lambda: torch.autocast(device.type, enabled=False)))
+    executor = BatchedExecutor.__new__(BatchedExecutor)  # only its training: no federation around it
+    executor.state = state
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    masks = {n: m.clone() for n, m in module.mask.masks.items()}
+
+    def items(count: int) -> list:
+        batches = [(torch.randn(batch, 3, 32, 32, device=device), torch.randint(0, 10, (batch,), device=device))
+                   for _ in range(count)]
+        return [_Started(None, None, weights, masks, batches, {}) for _ in range(clients)]
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    executor._train_together(items(warmup))
+    sync()
+    timed = items(steps)
+    tic = time.perf_counter()
+    executor._train_together(timed)
+    sync()
+    return (time.perf_counter() - tic) / steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -84,7 +124,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=[*SETTINGS, "none"],
+                        help="the serial settings to time ('none': only --batched)")
+    parser.add_argument("--batched", nargs="*", type=int, default=[],
+                        help="also time the batched executor's training of this many clients at once (each a row)")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.set_float32_matmul_precision("high")
@@ -93,7 +136,7 @@ def main() -> None:
     print(f"# {args.arch} training step, batch {args.batch}, density 0.5, on {name}, torch {torch.__version__}")
     print("\n| setting | ms/step | x nchw-fp32 | 2,000 steps s |\n|---|---|---|---|", flush=True)
     base = None
-    for setting in args.settings:
+    for setting in [s for s in args.settings if s != "none"]:
         try:
             seconds = time_setting(setting, args.arch, device, args.batch, args.steps, args.warmup)
         except Exception as error:  # a benchmark row, not a crash: report and go on
@@ -103,6 +146,16 @@ def main() -> None:
         base = base or (seconds if setting == "nchw-fp32" else None)
         ratio = f"{base / seconds:.2f}" if base else ""
         print(f"| {setting} | {1000 * seconds:.1f} | {ratio} | {2000 * seconds:.1f} |", flush=True)
+    for clients in args.batched:
+        try:
+            seconds = time_batched(clients, args.arch, device, args.batch, args.steps, args.warmup) / clients
+        except Exception as error:  # e.g. out of memory: a row, not a crash
+            print(f"| batched, {clients} clients | failed: {type(error).__name__}: "
+                  f"{str(error).splitlines()[0][:120]} | | |", flush=True)
+            continue
+        ratio = f"{base / seconds:.2f}" if base else ""
+        print(f"| batched, {clients} clients (per client step; nchw-fp32) | {1000 * seconds:.1f} | {ratio} | "
+              f"{2000 * seconds:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

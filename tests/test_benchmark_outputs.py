@@ -125,3 +125,11 @@ def test_compare_psfl_sampler_planning_sees_the_observed_times():
     setting = argparse.Namespace(clients=100, n0=20, seed=0, warmup_rounds=5, kappa2_estimator="mean", target=0.6)
     row = script.simulate_samplers(setting, [(5, 4)], 200)["structures"]["5x4"]
     assert row["time"]["mean"] < 0.9 * row["uniform"]["mean"]
+
+
+def test_step_time_times_the_batched_executors_own_training():
+    """step_time.py --batched runs BatchedExecutor._train_together outside a federation (kept in step with it)."""
+    import torch
+
+    script = _script("step_time")
+    assert script.time_batched(2, "cnn_cifar", torch.device("cpu"), batch=4, steps=1, warmup=1) > 0
