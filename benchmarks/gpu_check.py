@@ -95,6 +95,22 @@ def row(result: dict, note: str = "") -> str:
             f"{note} |")
 
 
+NOT_RUN = "(not run: not among --checks, or the time budget ran out)"
+
+
+def script_table(report: Report, script: str, options: list[str], marker: str, most_s: float) -> str:
+    """Run ``benchmarks/<script>`` with ``options`` for at most ``most_s`` seconds (and what is left of the budget,
+    at least 60); its output from the line that starts with ``marker`` (the end of its errors if it failed)."""
+    try:
+        proc = subprocess.run([sys.executable, str(HERE / script), *options], capture_output=True, text=True,
+                              cwd=REPO, timeout=max(60, min(most_s, report.deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        return f"({script} ran past the time budget)"
+    table = proc.stdout[proc.stdout.find(marker):] if proc.returncode == 0 else proc.stderr[-1500:]
+    print(table, flush=True)
+    return table
+
+
 CHECKS = ("main", "steps", "resnet18", "resnet18-batched", "phases", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
 
 
@@ -160,19 +176,12 @@ def main() -> None:
         report.add(row(fit(out, "main job (dispfl_digits.yaml)", "configs/dispfl_digits.yaml", "--trainer.accelerator",
                            accelerator, *quick)))
     # 0. a ResNet18 step, serial against the batched executor's (per client step): random batches, no data needed
-    steps = "(not run: not among --checks, or the time budget ran out)"
+    steps = NOT_RUN
     if "steps" in args.checks and report.time_left(60, "step_time.py"):
-        sizes = ["2"] if args.quick else ["8", "32"]
-        try:
-            proc = subprocess.run([sys.executable, str(HERE / "step_time.py"), "--device", args.device, "--settings",
-                                   "nchw-fp32", "cl-fp32", "--batched", *sizes, "--steps", "2" if args.quick else "10",
-                                   "--warmup", "1" if args.quick else "3", *(["--batch", "16"] if args.quick else [])],
-                                  capture_output=True, text=True, cwd=REPO,
-                                  timeout=max(60, min(180, report.deadline - time.monotonic())))
-            steps = proc.stdout[proc.stdout.find("| setting"):] if proc.returncode == 0 else proc.stderr[-1500:]
-        except subprocess.TimeoutExpired:
-            steps = "(step_time.py ran past the time budget)"
-        print(steps, flush=True)
+        steps = script_table(report, "step_time.py", [
+            "--device", args.device, "--settings", "nchw-fp32", "cl-fp32", "--batched",
+            *(["2", "--steps", "2", "--warmup", "1", "--batch", "16"] if args.quick else
+              ["8", "32", "--steps", "10", "--warmup", "3"])], "| setting", 180)
     if root is None:
         report.add("", "(no CIFAR-10 given: --root or --archive)", "", "## A ResNet18 step (step_time.py)", "", steps)
         return
@@ -199,31 +208,17 @@ def main() -> None:
                       timeout=max(60, min(300, report.deadline - time.monotonic())))
         report.add(row(grouped, logged(grouped, "Batched clients:")))
     # 1b. where the ResNet18 round's time goes: round_phases.py, 2 rounds (the second warm)
-    phases = "(not run: not among --checks, or the time budget ran out)"
+    phases = NOT_RUN
     if "phases" in args.checks and report.time_left(150, "ResNet18 round phases"):
-        try:
-            proc = subprocess.run([sys.executable, str(HERE / "round_phases.py"), "--config", config, "--device",
-                                   args.device, "--rounds", "2", "--", *resnet_setting],
-                                  capture_output=True, text=True, cwd=REPO,
-                                  timeout=max(60, min(360, report.deadline - time.monotonic())))
-            phases = proc.stdout[proc.stdout.find("| round"):] if proc.returncode == 0 else proc.stderr[-1500:]
-        except subprocess.TimeoutExpired:
-            phases = "(round_phases.py ran past the time budget)"
-        print(phases, flush=True)
+        phases = script_table(report, "round_phases.py", ["--config", config, "--device", args.device, "--rounds",
+                                                          "2", "--", *resnet_setting], "| round", 360)
     # 2. against the independent loop
-    table = "(not run: not among --checks, or the time budget ran out)"
+    table = NOT_RUN
     if "loop" in args.checks and report.time_left(120, "round_time.py"):
-        settings = ["k10"] if args.quick else ["k10", "k100"]
-        try:
-            proc = subprocess.run([sys.executable, str(HERE / "round_time.py"), "--root", root, "--device",
-                                   args.device, "--settings", *settings, "--rounds", "2" if args.quick else "3",
-                                   "--max-train-samples", "2000" if args.quick else "10000"],
-                                  capture_output=True, text=True, cwd=REPO,
-                                  timeout=max(60, report.deadline - time.monotonic()))
-            table = proc.stdout[proc.stdout.find("| K, M"):] if proc.returncode == 0 else proc.stderr[-1500:]
-        except subprocess.TimeoutExpired:
-            table = "(round_time.py ran past the time budget)"
-        print(table, flush=True)
+        table = script_table(report, "round_time.py", [
+            "--root", root, "--device", args.device, "--settings", *(["k10"] if args.quick else ["k10", "k100"]),
+            "--rounds", "2" if args.quick else "3", "--max-train-samples", "2000" if args.quick else "10000",
+            "--out", str(out / "round_time")], "| K, M", math.inf)  # its table goes into this report
     # 3-4. batched clients, precision
     many = "K=20" if args.quick else "K=100"
     if "batched" in args.checks and report.time_left(90, f"{many} E=5 serial / batched_clients"):

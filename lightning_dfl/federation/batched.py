@@ -218,7 +218,7 @@ class BatchedExecutor(SerialExecutor):
                     continue
                 group.append(self._capture(*begun))
                 if not self._sized:
-                    self._size_groups(group[0])
+                    self._size_groups(group[-1])
                 if self.group_size is not None and len(group) == self.group_size:
                     self._train_and_finish(group, accounting, evaluate)
                     group = []
@@ -228,8 +228,8 @@ class BatchedExecutor(SerialExecutor):
         return accounting
 
     def _size_groups(self, item: _Started) -> None:
-        """Choose :attr:`group_size` from memory with the first captured task (its first batch, at the
-        worker's current weights) and say so once."""
+        """Choose :attr:`group_size` from memory with the first captured task that has a batch (its first one,
+        at the worker's current weights) and say so once."""
         self._sized = True
         if not item.batches:
             self._sized = False  # no batch to measure with: the next task measures
@@ -240,8 +240,9 @@ class BatchedExecutor(SerialExecutor):
         budget = memory_budget(device)
         self.group_size = auto_group_size(per_client, budget)
         limit = "every client of a level" if self.group_size is None else f"at most {self.group_size} clients"
+        room = "no memory limit known" if budget is None else f"{format_bytes(budget)} may be used"
         rank_zero_info(f"Batched clients: {limit} per step (one client's step takes about "
-                       f"{format_bytes(per_client)}; {'no memory limit known' if budget is None else format_bytes(budget) + ' may be used'} on {device})")
+                       f"{format_bytes(per_client)}; {room} on {device})")
 
     def _train_and_finish(self, group: list[_Started], accounting: RoundAccounting, evaluate: bool) -> None:
         """Train ``group`` together, then finish each of its tasks as the serial executor does."""
