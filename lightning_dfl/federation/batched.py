@@ -2,7 +2,8 @@
 
 :class:`BatchedExecutor` starts every task of a level as the serial executor does (messages,
 aggregation, the "aggregated" evaluation, the batches), captures each client's weights, buffers, mask
-and batches, then trains them all at once: the clients' parameters are stacked along a new leading
+and batches, then trains them together (a group at a time, see "Memory" below): the clients' parameters are
+stacked along a new leading
 dimension and every step runs ``vmap(grad_and_value(loss))`` over ``functional_call`` of the one model
 architecture. Masked SGD is applied functionally, exactly as the serial path does it: gradients
 times the mask, ``torch.optim.SGD``'s update (weight decay, momentum, dampening, Nesterov), the
