@@ -127,9 +127,13 @@ def test_a_clients_step_counts_the_saved_activations_twice_and_the_parameters_si
     """Linear(4, 3) then ReLU on 5 float32 samples: the forward saves the input (5 x 4 x 4 B) and the ReLU's
     output (5 x 3 x 4 B), not the weight (a parameter); the parameters take (12 + 3) x 4 B."""
     assert client_step_bytes(nn.Sequential(nn.Linear(4, 3), nn.ReLU()), torch.randn(5, 4)) == 2 * 140 + 6 * 60
-    norm = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
-    client_step_bytes(norm, torch.randn(5, 4) * 10)
-    assert torch.equal(norm[1].running_mean, torch.zeros(3)) and int(norm[1].num_batches_tracked) == 0
+    # measured as a training step runs (an evaluation-mode BatchNorm saves less), leaving the statistics and mode
+    norm = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU()).eval()
+    inputs = torch.randn(5, 1, 6, 6) * 10
+    assert client_step_bytes(norm, inputs) == client_step_bytes(norm.train(), inputs)
+    assert torch.equal(norm[1].running_mean, torch.zeros(2)) and int(norm[1].num_batches_tracked) == 0
+    client_step_bytes(norm.eval(), inputs)
+    assert not norm.training
 
 
 def test_the_memory_budget_is_a_share_of_the_hosts_available_memory_on_a_cpu(monkeypatch):

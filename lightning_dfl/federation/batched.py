@@ -90,8 +90,8 @@ def client_step_bytes(model: nn.Module, inputs: Tensor, autocast: Any = None) ->
     :data:`ACTIVATION_COPIES` times the bytes the forward saves for the backward (each storage counted once,
     the parameters' own not at all) plus :data:`PARAMETER_COPIES` times the parameters' bytes.
 
-    The forward runs on copies of the model's buffers (BatchNorm's running statistics are left as they were)
-    under ``autocast`` (a context manager factory, e.g. ``fabric.autocast``), and draws no random numbers for a
+    The forward runs in training mode (the model's mode is restored) on copies of the model's buffers
+    (BatchNorm's running statistics are left as they were) under ``autocast`` (a context manager factory, e.g. ``fabric.autocast``), and draws no random numbers for a
     model that :func:`check_batchable` accepts."""
     params = dict(model.named_parameters())
     buffers = {n: b.clone() for n, b in model.named_buffers()}
@@ -104,9 +104,14 @@ def client_step_bytes(model: nn.Module, inputs: Tensor, autocast: Any = None) ->
             seen[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
-            (autocast() if autocast is not None else contextlib.nullcontext()):
-        functional_call(model, (params, buffers), (inputs,))
+    training = model.training
+    model.train()  # as a training step runs it (BatchNorm saves batch statistics)
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+                (autocast() if autocast is not None else contextlib.nullcontext()):
+            functional_call(model, (params, buffers), (inputs,))
+    finally:
+        model.train(training)
     parameter_bytes = sum(p.numel() * p.element_size() for p in params.values())
     return ACTIVATION_COPIES * sum(seen.values()) + PARAMETER_COPIES * parameter_bytes
 
