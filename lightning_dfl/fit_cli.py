@@ -7,7 +7,9 @@ subcommands start without importing torch and Lightning.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from jsonargparse import _optionals as jsonargparse_optionals
@@ -50,8 +52,20 @@ def _parse_docstring(component: Any, params: bool = False, logger: Any = None) -
 # jsonargparse reads docstrings through this private function; where a version lacks it, the help keeps
 # jsonargparse's own reading (less complete) rather than failing to import
 _jsonargparse_parse_docstring = getattr(jsonargparse_optionals, "parse_docstring", None)
-if _jsonargparse_parse_docstring is not None:
+
+
+@contextlib.contextmanager
+def _project_docstrings() -> Iterator[None]:
+    """Within this block jsonargparse reads docstrings with :func:`_parse_docstring`; its own reader is put back
+    after, so that other parsers in the process are left as they were."""
+    if _jsonargparse_parse_docstring is None:
+        yield
+        return
     jsonargparse_optionals.parse_docstring = _parse_docstring
+    try:
+        yield
+    finally:
+        jsonargparse_optionals.parse_docstring = _jsonargparse_parse_docstring
 
 
 class FederatedArgumentParser(LightningArgumentParser):
@@ -79,17 +93,18 @@ class FederatedCLI(LightningCLI):
         kwargs["parser_kwargs"] = {**({"parser_mode": "omegaconf"} if _has_omegaconf() else {}),
                                    **(kwargs.get("parser_kwargs") or {})}
         kwargs.setdefault("parser_class", FederatedArgumentParser)
-        super().__init__(
-            model_class=SparseClassifier,
-            datamodule_class=FederatedDataModule,
-            trainer_class=FederatedTrainer,
-            save_config_callback=None,
-            auto_configure_optimizers=False,
-            seed_everything_default=False,
-            args=args,
-            run=run,
-            **kwargs,
-        )
+        with _project_docstrings():  # the parser is built, and the command run, with the project's help
+            super().__init__(
+                model_class=SparseClassifier,
+                datamodule_class=FederatedDataModule,
+                trainer_class=FederatedTrainer,
+                save_config_callback=None,
+                auto_configure_optimizers=False,
+                seed_everything_default=False,
+                args=args,
+                run=run,
+                **kwargs,
+            )
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:

@@ -66,3 +66,18 @@ def test_an_algorithm_is_introduced_by_a_whole_sentence(name):
     text = _help("fit", f"--trainer.algorithm.help={name}")
     heading = next(line for line in text.splitlines() if line.endswith(":") and not line.startswith(" "))
     assert not re.search(r"\b(client k|and|or|the|of|a)$", heading.rstrip(":")), heading
+
+
+def test_the_projects_docstring_reader_is_put_back_after_the_command():
+    """The project's docstring conventions (an Args entry naming several parameters describes each) are read
+    while ``fit`` builds its parser and runs; after it, other jsonargparse parsers in the process have
+    jsonargparse's own reader back."""
+    from jsonargparse import _optionals
+
+    from lightning_dfl import fit_cli
+
+    original = fit_cli._jsonargparse_parse_docstring
+    assert _optionals.parse_docstring is original
+    described = dict(options(_help("fit", "--help")))
+    assert described["--model.momentum"].startswith("SGD settings") and described["--model.weight_decay"]
+    assert _optionals.parse_docstring is original
