@@ -43,6 +43,19 @@ def test_hand_computed_dense_and_masked():
     assert profile.training_flops(0) == 0
 
 
+def test_deferred_flops_are_the_same_hand_computed_values_as_device_tensors():
+    """An accelerator's form: active counts as 0-dim tensors in, a 0-dim float64 tensor out, layers without a
+    count dense (one multi-tensor product and an int64 sum)."""
+    profile = profile_flops(_tiny(), (2, 6, 6))
+    counts = {"0.weight": torch.tensor(10), "3.weight": torch.tensor(7)}
+    flops = profile.deferred_forward_flops(counts)
+    assert flops.dtype == torch.float64 and flops.shape == () and flops.item() == 2 * (16 * 10 + 7) == 334
+    assert profile.deferred_forward_flops({"0.weight": torch.tensor(10)}).item() == 2 * (16 * 10 + 320)
+    assert profile.deferred_forward_flops({}).item() == 2944
+    with pytest.raises(ValueError, match="masks name layers this profile does not count: \\['fc'\\]"):
+        profile.deferred_forward_flops({"fc": torch.tensor(1)})
+
+
 def test_grouped_strided_and_shared_layers():
     class Net(nn.Module):
         def __init__(self) -> None:

@@ -120,6 +120,14 @@ def _shared(old: Mapping[str, Tensor], new: dict[str, Tensor]) -> dict[str, Tens
     return {n: old[n] if n in same else b for n, b in new.items()}
 
 
+def _unpack_together(bits: Mapping[str, Tensor], order: list[str]) -> tuple[Tensor, dict[str, int]]:
+    """The packed masks ``bits[n]`` for ``n`` in ``order`` unpacked at once (concatenated; each part is
+    byte-padded): the flat bits and where each mask starts in them."""
+    packed = [bits[n] for n in order]
+    flat = unpack_bits(torch.cat(packed), 8 * sum(p.numel() for p in packed))
+    return flat, dict(zip(order, np.cumsum([0] + [8 * p.numel() for p in packed]).tolist()))
+
+
 # -- the store --------------------------------------------------------------------------------------
 
 
@@ -245,9 +253,7 @@ class CompactClientStore(ClientStore):
             grouped = [n for names in groups.values() for n in names]
             kept = set(grouped)
             order = grouped + [n for n in self.masked_names if n not in kept]  # each group contiguous
-            packed = [record["bits"][n] for n in order]
-            bits = unpack_bits(torch.cat(packed), 8 * sum(p.numel() for p in packed))  # each part byte-padded
-            offsets = dict(zip(order, np.cumsum([0] + [8 * p.numel() for p in packed]).tolist()))
+            bits, offsets = _unpack_together(record["bits"], order)
             for n in order:
                 masks[n] = bits[offsets[n]:offsets[n] + self.numels[n]]
             for dtype, names in groups.items():
@@ -438,9 +444,13 @@ class CompactClientStore(ClientStore):
 
     # -- reads --------------------------------------------------------------------------
     def mask(self, node: int) -> Masks:
-        """``node``'s current mask (new tensors)."""
+        """``node``'s current mask (new tensors; on an accelerator views of one new buffer, every layer unpacked
+        at once)."""
         bits = self.current_bits[node]
-        return {n: unpack_bits(bits[n], self.numels[n]).view(self.shapes[n]) for n in self.masked_names}
+        if host_reads_are_cheap(self.device) or not self.masked_names:
+            return {n: unpack_bits(bits[n], self.numels[n]).view(self.shapes[n]) for n in self.masked_names}
+        flat, offsets = _unpack_together(bits, self.masked_names)
+        return {n: flat[offsets[n]:offsets[n] + self.numels[n]].view(self.shapes[n]) for n in self.masked_names}
 
     def published(self, node: int, fresh: bool = False) -> tuple[dict[str, Tensor], Masks]:
         """A node's published weights and mask (start of round, or this round's if ``fresh``), rebuilt

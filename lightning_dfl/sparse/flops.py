@@ -94,9 +94,14 @@ class FlopsProfile:
             raise ValueError(f"masks name layers this profile does not count: {unknown}; "
                              f"it counts {sorted(self.layers)}")
         device = next(iter(counts.values())).device if counts else torch.device("cpu")
-        macs = torch.zeros((), dtype=torch.int64, device=device)
-        for name, layer in self.layers.items():
-            macs = macs + layer.positions * counts.get(name, layer.numel)
+        names = [n for n in self.layers if n in counts]
+        dense = sum(layer.dense_macs for n, layer in self.layers.items() if n not in counts)  # layers without a mask
+        if not names:
+            return 2.0 * torch.tensor(dense, dtype=torch.int64, device=device).to(torch.float64)
+        # every layer's product in one multi-tensor kernel, summed in int64 (exact in any order)
+        products = torch._foreach_mul([counts[n].to(torch.int64) for n in names],
+                                      [self.layers[n].positions for n in names])
+        macs = torch.stack(products).sum() + dense
         return 2.0 * macs.to(torch.float64)
 
     def dense_forward_flops(self) -> float:
