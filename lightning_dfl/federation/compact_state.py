@@ -165,15 +165,23 @@ class CompactClientStore(ClientStore):
             self.declare(spec, template)
 
     # -- records ------------------------------------------------------------------------
-    def _stored(self, name: str, value: Tensor | float) -> Tensor:
-        """``value`` (on any device) as the dense store's ``copy_`` into its slot would leave it (dtype, the
-        store's device, shape), flattened; a new tensor."""
-        out = torch.empty(self.shapes[name], dtype=self.dtypes[name], device=self.device)
-        return out.copy_(value).reshape(-1)
+    def _copies(self, values: Mapping[str, Tensor | float | bool], names: list[str],
+                dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """``values[n]`` (on any device) for each of ``names`` as the dense store's ``copy_`` into its slot would
+        leave it (the store's dtype, or ``dtype``; the store's device; the parameter's shape), flattened; new
+        tensors (:func:`~lightning_dfl.transfers.copy_all_`: those from the store's device in one multi-tensor
+        copy)."""
+        outs = {n: torch.empty(self.shapes[n], dtype=dtype or self.dtypes[n], device=self.device) for n in names}
+        copy_all_((outs[n], values[n]) for n in names if isinstance(values[n], Tensor))
+        for n in names:
+            if not isinstance(values[n], Tensor):  # a number for the whole tensor
+                outs[n].fill_(values[n])
+        return {n: out.reshape(-1) for n, out in outs.items()}
 
-    def _bool(self, name: str, mask: Tensor | bool) -> Tensor:
-        out = torch.empty(self.shapes[name], dtype=torch.bool, device=self.device)
-        return out.copy_(mask).reshape(-1)
+    def _all_masks(self, mask: Mapping[str, Tensor] | None) -> dict[str, Tensor]:
+        """:meth:`_copies` of a mask as bool (``None``: every weight active)."""
+        return self._copies(mask if mask is not None else dict.fromkeys(self.masked_names, True), self.masked_names,
+                            torch.bool)
 
     def _record(self, weights: Mapping[str, Tensor], masks: Mapping[str, Tensor],
                 active: int | None = None) -> dict[str, Any]:
@@ -307,10 +315,9 @@ class CompactClientStore(ClientStore):
     def initialize(self, node: int, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None) -> None:
         """Set a node's current model and mask before the first round (as the dense store: the weights
         times the mask)."""
-        dense = {n: self._stored(n, weights[n]) for n in self.names}
-        masks = {}
+        dense = self._copies(weights, self.names)
+        masks = self._all_masks(mask)  # on the store's device
         for n in self.masked_names:
-            masks[n] = self._bool(n, mask[n] if mask is not None else True)  # on the store's device
             zero_inactive_(dense[n], masks[n])
         record = self._record(dense, masks)
         self.records[node] = record
@@ -322,8 +329,8 @@ class CompactClientStore(ClientStore):
         """Write the model ``node`` publishes in this round (weights and the mask trained with) and
         its published fields (those not given keep their start-of-round value)."""
         fields = self._check_publish(node, fields)
-        dense = {n: self._stored(n, weights[n]) for n in self.names}
-        masks = {n: self._bool(n, mask[n] if mask is not None else True) for n in self.masked_names}
+        dense = self._copies(weights, self.names)
+        masks = self._all_masks(mask)
         record = self._record(dense, masks)
         record["bits"] = _shared(self.current_bits[node], record["bits"])
         self.fresh_records[node] = record
@@ -332,7 +339,7 @@ class CompactClientStore(ClientStore):
     @torch.no_grad()
     def set_mask(self, node: int, mask: Mapping[str, Tensor]) -> None:
         """Set the mask ``node`` trains with next."""
-        self.current_bits[node] = self._share(node, {n: pack_bits(self._bool(n, mask[n])) for n in self.masked_names})
+        self.current_bits[node] = self._share(node, {n: pack_bits(m) for n, m in self._all_masks(mask).items()})
 
     def _share(self, node: int, bits: dict[str, Tensor]) -> dict[str, Tensor]:
         """``bits`` (a current mask), each part replaced by the node's latest published one when equal."""
@@ -559,10 +566,11 @@ class CompactClientStore(ClientStore):
         records, current = [], []
         for k in range(self.num_nodes):
             s = int(slot[k])
-            weights = {n: self._stored(n, state["weights"][n][s, k]) for n in self.names}
-            masks = {n: self._bool(n, state["published_masks"][n][s, k]) for n in self.masked_names}
+            weights = self._copies({n: state["weights"][n][s, k] for n in self.names}, self.names)
+            masks = self._all_masks({n: state["published_masks"][n][s, k] for n in self.masked_names})
             record = self._record(weights, masks, int(active[s, k]))
-            bits = {n: pack_bits(self._bool(n, state["masks"][n][k])) for n in self.masked_names}
+            bits = {n: pack_bits(m) for n, m in self._all_masks({n: state["masks"][n][k]
+                                                                 for n in self.masked_names}).items()}
             records.append(record)
             current.append({n: record["bits"][n] if torch.equal(record["bits"][n], b) else b for n, b in bits.items()})
         self._adopt(records, current, slot, field_pairs)
