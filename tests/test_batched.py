@@ -123,6 +123,17 @@ def test_the_automatic_group_size_divides_the_memory_budget_by_a_clients_step(mo
         "on cpu)"]
 
 
+def test_the_group_size_is_measured_at_a_whole_batch_even_when_the_first_client_has_less(monkeypatch):
+    """Clients of ~100-400 digits and batches of 512: the first client's only batch is short, the estimate is
+    taken on a whole batch of 512 (its rows repeated), as the larger clients' steps take."""
+    rows = []
+    measure = batched.client_step_bytes
+    monkeypatch.setattr(batched, "client_step_bytes",
+                        lambda model, inputs, autocast: rows.append(len(inputs)) or measure(model, inputs, autocast))
+    _fit(Local(), True, data={"batch_size": 512})
+    assert rows == [512]
+
+
 def test_a_clients_step_counts_the_saved_activations_twice_and_the_parameters_six_times():
     """Linear(4, 3) then ReLU on 5 float32 samples: the forward saves the input (5 x 4 x 4 B) and the ReLU's
     output (5 x 3 x 4 B), not the weight (a parameter); the parameters take (12 + 3) x 4 B."""

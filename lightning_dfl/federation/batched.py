@@ -234,15 +234,19 @@ class BatchedExecutor(SerialExecutor):
         return accounting
 
     def _size_groups(self, item: _Started) -> None:
-        """Choose :attr:`group_size` from memory with the first captured task that has a batch (its first one,
-        at the worker's current weights) and say so once."""
+        """Choose :attr:`group_size` from memory with the first captured task that has a batch (its largest,
+        repeated up to the data's batch size when shorter, at the worker's current weights) and say so once."""
         self._sized = True
         if not item.batches:
             self._sized = False  # no batch to measure with: the next task measures
             return
         t = self.state
-        device = item.batches[0][0].device
-        per_client = client_step_bytes(t.module.model, item.batches[0][0], t.fabric.autocast)
+        inputs = max((x for x, _ in item.batches), key=len)
+        full = int(getattr(t.datamodule, "batch_size", 0) or 0)
+        if full > len(inputs):  # a client with less than a batch: measured at a whole one, as larger clients take
+            inputs = inputs.repeat(-(-full // len(inputs)), *[1] * (inputs.dim() - 1))[:full]
+        device = inputs.device
+        per_client = client_step_bytes(t.module.model, inputs, t.fabric.autocast)
         budget = memory_budget(device)
         self.group_size = auto_group_size(per_client, budget)
         limit = "every client of a level" if self.group_size is None else f"at most {self.group_size} clients"
