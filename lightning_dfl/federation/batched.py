@@ -36,7 +36,7 @@ at once (the papers' ResNet18 at batch 128: about 1.4 GiB per client), so a leve
 at most ``group_size`` clients (the trainer's ``batched_group_size``): each group's tasks are started,
 trained together and finished before the next group starts, as the serial executor interleaves them.
 ``None`` sizes the groups from memory (:func:`auto_group_size`): one client's share of a step
-(:func:`client_step_bytes`, measured on the run's first batch) into a fraction of the memory free on the
+(:func:`client_step_bytes`, measured on the first task's data at a whole batch) into a fraction of the memory free on the
 worker's device (a GPU's free and cached memory, the host's available memory on a CPU).
 
 It applies to the default local loop only: an algorithm with its own ``local_train``, ``loss``,
@@ -201,7 +201,7 @@ class _Started:
 
 class BatchedExecutor(SerialExecutor):
     """Runs each plan level's training tasks together, in groups of at most ``group_size`` clients (``None``:
-    sized from memory on the run's first batch; see the module docstring)."""
+    sized from memory on the first task's data; see the module docstring)."""
 
     def __init__(self, state: FederationState, group_size: int | None = None) -> None:
         super().__init__(state)

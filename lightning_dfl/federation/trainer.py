@@ -119,7 +119,7 @@ class FederatedTrainer:
             (ResNet18, VGG11, the CNNs; BatchNorm's running statistics are stacked per client).
         batched_group_size: with ``batched_clients``, at most this many clients per batched step (a level's
             clients are trained group by group); ``None`` (default): as many as fit in a share of the worker
-            device's free memory, measured on the run's first batch (the papers' ResNet18 takes ~1.4 GiB per
+            device's free memory, measured on a whole batch of the first task (the papers' ResNet18 takes ~1.4 GiB per
             client at batch 128).
         memory_format: the layout of the worker's 4-D weights and input batches: ``"auto"`` (channels-last for
             models with 2-D convolutions: faster kernels on CPUs and GPUs; float rounding differs from NCHW),
