@@ -36,8 +36,8 @@ at once (the papers' ResNet18 at batch 128: about 1.4 GiB per client), so a leve
 at most ``group_size`` clients (the trainer's ``batched_group_size``): each group's tasks are started,
 trained together and finished before the next group starts, as the serial executor interleaves them.
 ``None`` sizes the groups from memory (:func:`auto_group_size`): one client's share of a step
-(:func:`client_step_bytes`, measured on the first task's data at a whole batch) into a fraction of the memory free on the
-worker's device (a GPU's free and cached memory, the host's available memory on a CPU).
+(:func:`client_step_bytes`, measured on the first task's data at a whole batch) into a fraction of the
+memory free on the worker's device (a GPU's free and cached memory, the host's available memory on a CPU).
 
 It applies to the default local loop only: an algorithm with its own ``local_train``, ``loss``,
 ``optimizer_step`` or kept optimizer state, a module with its own ``loss``, a model with dropout,
@@ -90,9 +90,9 @@ def client_step_bytes(model: nn.Module, inputs: Tensor, autocast: Any = None) ->
     :data:`ACTIVATION_COPIES` times the bytes the forward saves for the backward (each storage counted once,
     the parameters' own not at all) plus :data:`PARAMETER_COPIES` times the parameters' bytes.
 
-    The forward runs in training mode (the model's mode is restored) on copies of the model's buffers
-    (BatchNorm's running statistics are left as they were) under ``autocast`` (a context manager factory, e.g. ``fabric.autocast``), and draws no random numbers for a
-    model that :func:`check_batchable` accepts."""
+    The forward runs in training mode (the model's mode is restored) on copies of the model's buffers (BatchNorm's
+    running statistics are left as they were) under ``autocast`` (a context manager factory, e.g.
+    ``fabric.autocast``), and draws no random numbers for a model that :func:`check_batchable` accepts."""
     params = dict(model.named_parameters())
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     owned = {p.untyped_storage().data_ptr() for p in params.values()}
