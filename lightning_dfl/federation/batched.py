@@ -236,10 +236,9 @@ class BatchedExecutor(SerialExecutor):
     def _size_groups(self, item: _Started) -> None:
         """Choose :attr:`group_size` from memory with the first captured task that has a batch (its largest,
         repeated up to the data's batch size when shorter, at the worker's current weights) and say so once."""
-        self._sized = True
-        if not item.batches:
-            self._sized = False  # no batch to measure with: the next task measures
+        if not item.batches:  # no batch to measure with: the next task measures
             return
+        self._sized = True
         t = self.state
         inputs = max((x for x, _ in item.batches), key=len)
         full = int(getattr(t.datamodule, "batch_size", 0) or 0)
