@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from lightning_dfl.sparse.masks import zero_inactive_
+from lightning_dfl.sparse.masks import zero_inactive_all_
 
 
 @torch.no_grad()
@@ -61,9 +61,8 @@ def masked_average(
         torch._foreach_clamp_min_(denominators, 1e-12)
         torch._foreach_div_([by_name[n] for n in masked], denominators)
         if receiver_mask is not None:
-            for n in masked:
-                if n in receiver_mask:
-                    zero_inactive_(by_name[n], receiver_mask[n])
+            kept = [n for n in masked if n in receiver_mask]
+            zero_inactive_all_([by_name[n] for n in kept], [receiver_mask[n] for n in kept])
     unmasked = [by_name[n] for n in floating if n not in masks]
     if unmasked:
         torch._foreach_div_(unmasked, num_sources if coef is None else sum(coef))

@@ -66,6 +66,7 @@ from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.local import _batches
 from lightning_dfl.federation.plan import RoundPlan
 from lightning_dfl.host_memory import available_bytes, format_bytes
+from lightning_dfl.sparse.masks import zero_inactive_all_
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
@@ -314,8 +315,11 @@ class BatchedExecutor(SerialExecutor):
                 if s < len(it.batches):
                     by_size.setdefault(int(it.batches[s][1].shape[0]) if batch_stats else 0, []).append(i)
             for rows in by_size.values():
-                calls.append((s, rows, None if len(rows) == len(items) else len(flat)))
-                flat += rows if len(rows) < len(items) else []
+                start = None  # all clients: no index
+                if len(rows) < len(items):
+                    start = len(flat)
+                    flat += rows
+                calls.append((s, rows, start))
         # the row indices of the calls that take some of the clients, copied to the device at once (a copy from
         # the host per call would wait for the device each time)
         indices = torch.tensor(flat, dtype=torch.long).to(device) if flat else None
@@ -374,10 +378,8 @@ class BatchedExecutor(SerialExecutor):
                         write(momenta, names, kept)
                     steps = torch._foreach_add(steps, torch._foreach_mul(kept, momentum)) if nesterov else kept
                 updated = torch._foreach_sub(weights, torch._foreach_mul(steps, lr))
-                if masked:  # re-masked as the module's apply_ does (plain +0.0 outside)
-                    remasked = [t for n, t in zip(names, updated) if n in masks]
-                    torch._foreach_mul_(remasked, layer_masks)
-                    torch._foreach_add_(remasked, 0.0)
+                # re-masked as the module's apply_ does (plain +0.0 outside)
+                zero_inactive_all_([t for n, t in zip(names, updated) if n in masks], layer_masks)
                 write(params, names, updated)
 
         for s, rows, start in calls:

@@ -59,7 +59,7 @@ from lightning_dfl.federation.compact_records import (
     unpack_bits,
 )
 from lightning_dfl.federation.state import ClientStore, StateField
-from lightning_dfl.sparse.masks import Masks, zero_inactive_
+from lightning_dfl.sparse.masks import Masks, zero_inactive_all_
 from lightning_dfl.transfers import copy_all_
 
 #: the client store backends of ``FederatedTrainer(store=...)``
@@ -317,8 +317,7 @@ class CompactClientStore(ClientStore):
         times the mask)."""
         dense = self._copies(weights, self.names)
         masks = self._all_masks(mask)  # on the store's device
-        for n in self.masked_names:
-            zero_inactive_(dense[n], masks[n])
+        zero_inactive_all_([dense[n] for n in self.masked_names], [masks[n] for n in self.masked_names])
         record = self._record(dense, masks)
         self.records[node] = record
         self.current_bits[node] = record["bits"]

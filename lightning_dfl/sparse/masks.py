@@ -50,6 +50,19 @@ def zero_inactive_(tensor: Tensor, mask: Tensor) -> Tensor:
     return tensor.mul_(mask).add_(0.0)
 
 
+def zero_inactive_all_(tensors: list[Tensor], masks: list[Tensor]) -> None:
+    """:func:`zero_inactive_` of each tensor with its mask, all at once (``torch._foreach_mul_`` and
+    ``_foreach_add_``: a few multi-tensor kernels on a GPU instead of two per tensor; on a CPU the same ``mul_``
+    and ``add_`` per tensor). Masks on another device than their tensors: one by one, as :func:`zero_inactive_`."""
+    if any(m.device != t.device for t, m in zip(tensors, masks)):
+        for tensor, mask in zip(tensors, masks):
+            zero_inactive_(tensor, mask)
+        return
+    if tensors:
+        torch._foreach_mul_(tensors, masks)
+        torch._foreach_add_(tensors, 0.0)
+
+
 def active_counts(masks: Mapping[str, Tensor]) -> dict[str, int]:
     """Active entries per mask, read from the device in one transfer (one host synchronisation for all
     layers, not one per layer)."""
@@ -150,18 +163,9 @@ class ModelMask:
 
     @torch.no_grad()
     def apply_(self) -> None:
-        """Zero the inactive weights (call after every optimizer step): :func:`zero_inactive_` of every parameter
-        at once (``torch._foreach_mul_`` and ``_foreach_add_``: a few multi-tensor kernels per step on a GPU
-        instead of two per layer; on a CPU the same ``mul_`` and ``add_`` per tensor)."""
-        params = list(self.params.values())
-        masks = [self._as(name, param.dtype) for name, param in self.params.items()]
-        if any(m.device != p.device for m, p in zip(masks, params)):
-            for param, mask in zip(params, masks):
-                zero_inactive_(param, mask)
-            return
-        if params:
-            torch._foreach_mul_(params, masks)
-            torch._foreach_add_(params, 0.0)
+        """Zero the inactive weights (call after every optimizer step): :func:`zero_inactive_all_` of every
+        parameter."""
+        zero_inactive_all_(list(self.params.values()), [self._as(n, p.dtype) for n, p in self.params.items()])
 
     def to(self, device: torch.device | str) -> "ModelMask":
         """Move the mask tensors to ``device`` (after the module was moved)."""
