@@ -179,7 +179,7 @@ def main() -> None:
     steps = NOT_RUN
     if "steps" in args.checks and report.time_left(60, "step_time.py"):
         steps = script_table(report, "step_time.py", [
-            "--device", args.device, "--settings", "nchw-fp32", "cl-fp32", "--batched",
+            "--device", args.device, "--settings", "nchw-fp32", "cl-fp32", "cl-fp32-heuristics", "--batched",
             *(["2", "--steps", "2", "--warmup", "1", "--batch", "16"] if args.quick else
               ["8", "32", "--steps", "10", "--warmup", "3"])], "| setting", 180)
     if root is None:

@@ -11,6 +11,8 @@ the step) and times ``--steps`` SGD steps (lr 0.1, weight decay 5e-4) on random 
   or ``bf16`` (``torch.autocast`` to bfloat16, as ``precision: bf16-mixed``);
 * the model's normalisation: GroupNorm (the papers') or BatchNorm;
 * ``torch.compile`` of the model (default mode), once;
+* cuDNN's algorithm search (``torch.backends.cudnn.benchmark``, the trainer's ``benchmark: true``): on in every
+  setting but ``-heuristics``, which takes cuDNN's heuristics (PyTorch's default, and a run's unless set);
 * ``--batched G ...``: the batched executor's own training (``BatchedExecutor._train_together``: ``vmap`` over G
   stacked clients, then the multi-tensor masked SGD update), fp32, per batched step and per client step
   (what ``batched_clients: true`` would make of the 2,000 steps).
@@ -31,20 +33,22 @@ import torch.nn.functional as F
 
 from lightning_dfl.module import SparseClassifier
 
-SETTINGS = {  # name: (memory format, precision, norm, compile)
-    "nchw-fp32": ("contiguous", "fp32", "group", False),
-    "cl-fp32": ("channels_last", "fp32", "group", False),
-    "nchw-bf16": ("contiguous", "bf16", "group", False),
-    "cl-bf16": ("channels_last", "bf16", "group", False),
-    "cl-fp32-batchnorm": ("channels_last", "fp32", "batch", False),
-    "cl-bf16-batchnorm": ("channels_last", "bf16", "batch", False),
-    "cl-bf16-compile": ("channels_last", "bf16", "group", True),
+SETTINGS = {  # name: (memory format, precision, norm, compile, cuDNN benchmark)
+    "nchw-fp32": ("contiguous", "fp32", "group", False, True),
+    "cl-fp32": ("channels_last", "fp32", "group", False, True),
+    "cl-fp32-heuristics": ("channels_last", "fp32", "group", False, False),
+    "nchw-bf16": ("contiguous", "bf16", "group", False, True),
+    "cl-bf16": ("channels_last", "bf16", "group", False, True),
+    "cl-fp32-batchnorm": ("channels_last", "fp32", "batch", False, True),
+    "cl-bf16-batchnorm": ("channels_last", "bf16", "batch", False, True),
+    "cl-bf16-compile": ("channels_last", "bf16", "group", True, True),
 }
 
 
 def time_setting(name: str, arch: str, device: torch.device, batch: int, steps: int, warmup: int) -> float:
     """Seconds per training step (median of ``steps`` timed one by one after ``warmup``)."""
-    memory_format, precision, norm, compiled = SETTINGS[name]
+    memory_format, precision, norm, compiled, benchmark = SETTINGS[name]
+    torch.backends.cudnn.benchmark = benchmark
     module = SparseClassifier(arch=arch, density=0.5, model_options={"norm": norm})
     module.build(num_classes=10, in_channels=3, image_size=32)
     model = module.model.to(device)
@@ -131,7 +135,6 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.benchmark = True
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"# {args.arch} training step, batch {args.batch}, density 0.5, on {name}, torch {torch.__version__}")
     print("\n| setting | ms/step | x nchw-fp32 | 2,000 steps s |\n|---|---|---|---|", flush=True)
@@ -146,6 +149,7 @@ def main() -> None:
         base = base or (seconds if setting == "nchw-fp32" else None)
         ratio = f"{base / seconds:.2f}" if base else ""
         print(f"| {setting} | {1000 * seconds:.1f} | {ratio} | {2000 * seconds:.1f} |", flush=True)
+    torch.backends.cudnn.benchmark = True  # the batched rows (each serial setting set its own)
     for clients in args.batched:
         try:
             seconds = time_batched(clients, args.arch, device, args.batch, args.steps, args.warmup) / clients

@@ -88,3 +88,25 @@ def test_a_channels_last_run_trains_as_the_contiguous_one_up_to_rounding(tmp_pat
     for mine, theirs in zip(*weights):
         for name in mine:
             torch.testing.assert_close(mine[name], theirs[name], rtol=1e-3, atol=1e-3)
+
+
+def test_benchmark_sets_cudnns_search_for_the_run_and_none_leaves_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # restored after the test
+    dm = FederatedDataModule(dataset="digits", num_clients=3, batch_size=32, test_samples_per_client=20)
+    model = SparseClassifier("cnn_digits", density=0.5, seed=1)
+    left = FederatedTrainer(DisPFL(num_neighbors=2), rounds=1, local_epochs=1, accelerator="cpu", logger=False,
+                            enable_progress_bar=False, default_root_dir=str(tmp_path / "none"))
+    left.fit(model, dm)
+    assert torch.backends.cudnn.benchmark is False and "benchmark" not in left.state.result_settings
+    on = FederatedTrainer(DisPFL(num_neighbors=2), rounds=1, local_epochs=1, accelerator="cpu", logger=False,
+                          enable_progress_bar=False, default_root_dir=str(tmp_path / "on"), benchmark=True)
+    on.fit(SparseClassifier("cnn_digits", density=0.5, seed=1), dm)
+    assert torch.backends.cudnn.benchmark is True
+    assert on.state.result_settings["benchmark"] is True  # in the checkpoint's identity: it may change rounding
+    assert on.history[0]["acc/personal_mean"] == left.history[0]["acc/personal_mean"]  # no cuDNN on a CPU
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, "auto"])
+def test_a_bad_benchmark_is_refused(bad):
+    with pytest.raises(ValueError, match=f"benchmark must be true, false or null .*got {bad!r}"):
+        FederatedTrainer(DisPFL(), benchmark=bad)

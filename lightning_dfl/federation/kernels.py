@@ -1,4 +1,5 @@
-"""How the worker's kernels run: the memory format of its model and batches, and float32 matmul precision.
+"""How the worker's kernels run: the memory format of its model and batches, float32 matmul precision and
+cuDNN's algorithm search.
 
 Memory format: convolutions and pooling are faster with channels-last (NHWC) tensors on today's CPUs
 (oneDNN's blocked kernels; measured on a 2-core AVX-512 CPU: a ``cnn_cifar`` training step 1.2x and a
@@ -9,7 +10,14 @@ default NCHW layout.
 
 Float32 matmul precision: on an NVIDIA GPU with tensor cores (compute capability 8.0 and newer) ``"auto"``
 sets ``torch.set_float32_matmul_precision("high")`` (TF32 matrix products), as Lightning recommends; on
-other devices it leaves PyTorch's setting as it is. Both settings are process-wide in PyTorch.
+other devices it leaves PyTorch's setting as it is.
+
+cuDNN benchmark (``torch.backends.cudnn.benchmark``), as Lightning's ``Trainer(benchmark=...)``: ``None`` leaves
+PyTorch's setting as it is (off unless set); ``True`` lets cuDNN time its convolution algorithms for every new
+input shape and keep the fastest (the first batch of each size runs slower; the choice may differ between runs,
+and with it float rounding); ``False`` uses its heuristics. Only cuDNN (NVIDIA GPUs) reads it.
+
+All three settings but the memory format are process-wide in PyTorch.
 """
 
 from __future__ import annotations
@@ -36,6 +44,22 @@ def check_matmul_precision(value: object) -> str:
     if value not in MATMUL_PRECISIONS:
         raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, got {value!r}")
     return value  # type: ignore[return-value]
+
+
+def check_benchmark(value: object) -> bool | None:
+    """``value`` if it is ``None``, ``True`` or ``False``; else ValueError naming it and the allowed ones."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"benchmark must be true, false or null (None: leave cuDNN's setting as it is), got {value!r}")
+    return value
+
+
+def apply_benchmark(requested: bool | None) -> bool | None:
+    """Set ``torch.backends.cudnn.benchmark`` to ``requested`` (process-wide); ``None`` leaves it as it is.
+    Returns what was set."""
+    check_benchmark(requested)
+    if requested is not None:
+        torch.backends.cudnn.benchmark = requested
+    return requested
 
 
 def resolve_memory_format(requested: str, model: nn.Module) -> torch.memory_format:

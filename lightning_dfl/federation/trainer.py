@@ -41,8 +41,10 @@ from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.federation_state import FederationState, HookDispatch
 from lightning_dfl.federation.interrupts import Interrupted, resume_command, stop_requests
 from lightning_dfl.federation.kernels import (
+    apply_benchmark,
     apply_matmul_precision,
     apply_memory_format,
+    check_benchmark,
     check_matmul_precision,
     check_memory_format,
     input_converter,
@@ -127,6 +129,9 @@ class FederatedTrainer:
         matmul_precision: float32 matmul precision: ``"auto"`` (``"high"``, TF32, on GPUs with tensor cores,
             as Lightning recommends; unchanged elsewhere), or ``"highest"``, ``"high"``, ``"medium"`` (see
             ``torch.set_float32_matmul_precision``; process-wide).
+        benchmark: ``torch.backends.cudnn.benchmark`` (as Lightning's ``Trainer``): ``True`` times cuDNN's
+            algorithms per input shape (rounding may differ between runs), ``False`` takes its heuristics,
+            ``None`` leaves it as it is. Process-wide.
         tune_allocator: when ``fit`` starts, keep freed activation buffers in the process's heap instead of
             returning them to the OS after every batch (glibc's ``mallopt``; :mod:`lightning_dfl.allocator`):
             ``True`` (default) or ``False`` to leave the allocator as it is. Process-wide; no effect off glibc.
@@ -166,6 +171,7 @@ class FederatedTrainer:
         batched_group_size: int | None = None,
         memory_format: str = "auto",
         matmul_precision: str = "auto",
+        benchmark: bool | None = None,
         tune_allocator: bool = True,
     ) -> None:
         self.algorithm = algorithm if algorithm is not None else DisPFL()
@@ -203,6 +209,7 @@ class FederatedTrainer:
         self.tune_allocator = check_bool("tune_allocator", tune_allocator)
         self.memory_format = check_memory_format(memory_format)
         self.matmul_precision = check_matmul_precision(matmul_precision)
+        self.benchmark = check_benchmark(benchmark)
         self.diagnostics = check_diagnostics(diagnostics)
         self.diag_every = check_int("diag_every", diag_every, 1)
         #: the run's diagnostics collector (set up in fit when diagnostics are on)
@@ -338,6 +345,7 @@ class FederatedTrainer:
         memory_format = resolve_memory_format(self.memory_format, model.model)
         apply_memory_format(model.model, memory_format)
         apply_matmul_precision(self.matmul_precision, self.fabric.device)
+        apply_benchmark(self.benchmark)
         model.mask.to(self.fabric.device)
         self.optimizer = self.fabric.setup_optimizers(self.algorithm.make_optimizer(model))
         if self.batched_clients:  # refused before the store is allocated
@@ -365,6 +373,7 @@ class FederatedTrainer:
                 "dropout": self.dropout, "deadline": self.deadline, "batched_clients": self.batched_clients,
                 **({"batched_group_size": self.batched_group_size} if self.batched_clients else {}),
                 "memory_format": self.memory_format, "matmul_precision": self.matmul_precision,
+                **({"benchmark": self.benchmark} if self.benchmark is not None else {}),
                 "accelerator": self.fabric.device.type})
         self.executor = self._make_executor(self.state)
         self.algorithm.init_state(self.store, num_clients)
