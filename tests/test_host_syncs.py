@@ -59,10 +59,10 @@ class HostReads:
         return sum(self.where.values())
 
 
-def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense"):
-    """A DisPFL run on digits (random regrowth); with ``count``, the host reads of client 1's round-1 task."""
+def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth="random"):
+    """A DisPFL run on digits (random regrowth unless said); with ``count``, the host reads of client 1's round-1 task."""
     dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=batch_size, test_samples_per_client=40)
-    trainer = FederatedTrainer(DisPFL(num_neighbors=2, regrowth="random"), rounds=rounds, local_epochs=1,
+    trainer = FederatedTrainer(DisPFL(num_neighbors=2, regrowth=regrowth), rounds=rounds, local_epochs=1,
                                accelerator="cpu", logger=False, enable_progress_bar=False, diagnostics=False,
                                default_root_dir=str(tmp_path), store=store)
     if count is not None:
@@ -110,11 +110,11 @@ def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypa
         TASK_READS[store], many.where
 
 
-@pytest.mark.parametrize("store", ["dense", "compact"])
-def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path, store):
-    plain = _fit(tmp_path / "plain", store=store)
+@pytest.mark.parametrize("store, regrowth", [("dense", "random"), ("compact", "random"), ("dense", "gradient")])
+def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path, store, regrowth):
+    plain = _fit(tmp_path / "plain", store=store, regrowth=regrowth)
     with device_paths_on_cpu():
-        device = _fit(tmp_path / "device", store=store)
+        device = _fit(tmp_path / "device", store=store, regrowth=regrowth)
     strip = [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in plain.history]
     assert strip == [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in device.history]
     for node in range(4):

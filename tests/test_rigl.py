@@ -15,10 +15,18 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dfl.callbacks.rigl import RigL
+from lightning_dfl.deferred import device_paths_on_cpu
 from lightning_dfl.sparse.erk import initial_masks
-from lightning_dfl.sparse.masks import ModelMask
+from lightning_dfl.sparse.masks import ModelMask, count_active_together
 from lightning_dfl.sparse.rigl import cosine_drop_fraction, dense_gradients, num_dropped, rigl_masks
-from lightning_dfl.sparse.select import largest_k, smallest_k, smallest_k_mask
+from lightning_dfl.sparse.select import (
+    largest_k,
+    largest_k_mask,
+    largest_k_masks_together,
+    smallest_k,
+    smallest_k_mask,
+    smallest_k_masks_together,
+)
 
 
 def _bool(rows):
@@ -82,6 +90,56 @@ def test_selection_ranks_nan_last_and_always_picks_k():
     for k in range(6):
         assert int(smallest_k_mask(v, k).sum()) == k
         assert int(smallest_k_mask(torch.full((3,), nan), k).sum()) == min(k, 3)
+
+
+def test_selection_of_every_part_at_once_equals_each_parts_own():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        sizes = torch.randint(1, 30, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen).tolist()
+        ks = [int(torch.randint(-1, size + 2, (1,), generator=gen)) for size in sizes]  # also k < 0 and k > size
+        values = torch.randint(0, 4, (sum(sizes),), generator=gen).float()  # many ties
+        values[torch.rand(values.shape, generator=gen) < 0.1] = math.inf
+        values[torch.rand(values.shape, generator=gen) < 0.05] = math.nan
+        parts = values.split(sizes)
+        assert torch.equal(smallest_k_masks_together(values, sizes, ks),
+                           torch.cat([smallest_k_mask(p, k) for p, k in zip(parts, ks)]))
+        assert torch.equal(largest_k_masks_together(values, sizes, ks),
+                           torch.cat([largest_k_mask(p, k) for p, k in zip(parts, ks)]))
+    # by hand: [2, 1, 1 | 0, 5]: the smallest 2 of the first part (a tie: the lower position), 1 of the second
+    chosen = smallest_k_masks_together(torch.tensor([2.0, 1, 1, 0, 5]), [3, 2], [2, 1])
+    assert chosen.tolist() == [False, True, True, True, False]
+    with pytest.raises(ValueError, match="sizes"):
+        smallest_k_masks_together(torch.zeros(4), [2, 1], [1, 1])
+
+
+def test_active_counts_together_equal_each_masks_count():
+    gen = torch.Generator().manual_seed(2)
+    masks = {f"l{i}": torch.rand(3 + i, 5, generator=gen) < 0.4 for i in range(8)}
+    masks["l3"] = masks["l3"].float()  # 0/1 of another dtype
+    expected = [int(m.count_nonzero()) for m in masks.values()]
+    assert count_active_together(masks).tolist() == expected
+    with device_paths_on_cpu():  # the running sum over all masks, as on an accelerator
+        assert count_active_together(masks).tolist() == expected
+        assert count_active_together(dict(list(masks.items())[:3])).tolist() == expected[:3]
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.3, 1.0])
+def test_gradient_regrowth_of_all_layers_at_once_equals_layer_by_layer(fraction):
+    """On an accelerator the layers that change are selected together; the masks are the CPU's, ties included."""
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(16, 3, 3, 3), (32, 16, 3, 3), (10, 32), (7,), (64, 32, 1, 1)]
+    weights = {f"w{i}": torch.randint(-3, 4, s, generator=gen).float() for i, s in enumerate(shapes)}  # ties
+    scores = {n: torch.randint(0, 3, w.shape, generator=gen).float() for n, w in weights.items()}
+    scores["w1"][0, 0, 0, 0] = math.nan
+    masks = {n: torch.rand(w.shape, generator=gen) < 0.5 for n, w in weights.items()}
+    masks["w3"] = torch.ones(7, dtype=torch.bool)  # a dense layer regrows what it drops
+    host = rigl_masks(weights, masks, fraction, scores=scores)
+    with device_paths_on_cpu():
+        device = rigl_masks(weights, masks, fraction, scores=scores)
+    assert list(device) == list(masks)
+    for name, mask in masks.items():
+        assert torch.equal(device[name], host[name]), name
+        assert device[name].shape == mask.shape and int(device[name].sum()) == int(mask.sum())
 
 
 def test_selection_and_rigl_on_bfloat16():

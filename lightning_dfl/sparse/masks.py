@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.transfers import copy_all_
 
 Masks = dict[str, Tensor]
@@ -63,13 +65,32 @@ def zero_inactive_all_(tensors: list[Tensor], masks: list[Tensor]) -> None:
         torch._foreach_add_(tensors, 0.0)
 
 
+#: from this many masks on, :func:`count_active_together` counts them in one pass over their concatenation
+#: (a fixed few kernels) instead of one count per mask
+COUNT_TOGETHER_FROM = 6
+
+
+def count_active_together(masks: Mapping[str, Tensor]) -> Tensor:
+    """Active entries per mask, in the masks' order, as one int64 tensor on their device, not read: one count
+    per mask for a few masks; for more, of non-empty masks on one device, a running sum over all of them read
+    at each mask's end (a fixed few kernels on an accelerator, whatever the number of layers)."""
+    tensors = [m.reshape(-1) for m in masks.values()]
+    if not tensors:
+        return torch.zeros(0, dtype=torch.long)
+    device = tensors[0].device
+    if host_reads_are_cheap(device) or len(tensors) < COUNT_TOGETHER_FROM or any(t.numel() == 0 or t.device != device for t in tensors):
+        return torch.stack([t.count_nonzero() for t in tensors])
+    flat = torch.cat([t if t.dtype == torch.bool else t != 0 for t in tensors])
+    ends = torch.tensor(np.cumsum([t.numel() for t in tensors]) - 1, dtype=torch.long).to(device)
+    return flat.cumsum(0, dtype=torch.long).index_select(0, ends).diff(prepend=ends.new_zeros(1))
+
+
 def active_counts(masks: Mapping[str, Tensor]) -> dict[str, int]:
     """Active entries per mask, read from the device in one transfer (one host synchronisation for all
     layers, not one per layer)."""
     if not masks:
         return {}
-    counts = torch.stack([m.count_nonzero() for m in masks.values()]).tolist()
-    return dict(zip(masks, counts))
+    return dict(zip(masks, count_active_together(masks).tolist()))
 
 
 def density(masks: Mapping[str, Tensor], counts: Mapping[str, int] | None = None) -> float:

@@ -29,8 +29,14 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.sparse.masks import Masks, ModelMask, active_counts
-from lightning_dfl.sparse.select import largest_k_mask, smallest_k_mask
+from lightning_dfl.sparse.select import (
+    largest_k_mask,
+    largest_k_masks_together,
+    smallest_k_mask,
+    smallest_k_masks_together,
+)
 
 #: Regrowth criteria: ``"gradient"`` (RigL, by |dense gradient|) or ``"random"`` (SET-like).
 REGROWTH_MODES = ("gradient", "random")
@@ -137,13 +143,41 @@ def rigl_masks(
             raise ValueError(f"score {name!r} has shape {tuple(scores[name].shape)}, "
                              f"its mask {tuple(mask.shape)}")
 
+    binary = {name: mask.detach() if mask.dtype == torch.bool else mask.detach() != 0 for name, mask in masks.items()}
+    actives = active_counts(binary)  # every layer's count in one read
+    ks = {name: num_dropped(float(drop_fraction), active) for name, active in actives.items()}
     new: Masks = {}
-    binary = {name: mask.detach() != 0 for name, mask in masks.items()}
-    for name, active in active_counts(binary).items():  # every layer's count in one read
-        k = num_dropped(float(drop_fraction), active)
+    together = []  # the layers that change, updated at once on an accelerator
+    for name, flat in binary.items():
+        if mode == "gradient" and ks[name] and actives[name] < flat.numel() \
+                and not host_reads_are_cheap(flat.device):
+            together.append(name)
+            continue
         score = scores[name] if mode == "gradient" else None
-        new[name] = _layer_update(weights[name], binary[name], k, active, score, generator)
-    return new
+        new[name] = _layer_update(weights[name], flat, ks[name], actives[name], score, generator)
+    if together:
+        new.update(_layers_update_together(weights, binary, ks, scores, together))
+    return {name: new[name] for name in masks}
+
+
+def _layers_update_together(weights: Mapping[str, Tensor], binary: Mapping[str, Tensor], ks: Mapping[str, int],
+                            scores: Mapping[str, Tensor], names: list[str]) -> Masks:
+    """:func:`_layer_update` by gradient of the layers ``names`` at once (their values concatenated, each layer
+    selected as a part of them: :func:`~lightning_dfl.sparse.select.smallest_k_masks_together`), with the same
+    result; a few kernels for all layers. New masks are views of one buffer."""
+    device = binary[names[0]].device
+    sizes = [binary[n].numel() for n in names]
+    k = [ks[n] for n in names]
+
+    def joined(tensors: Mapping[str, Tensor]) -> Tensor:
+        return torch.cat([tensors[n].detach().reshape(-1).to(device) for n in names])
+
+    flat = joined(binary)
+    magnitude = torch.nan_to_num(joined(weights).abs(), nan=0.0)
+    kept = flat & ~smallest_k_masks_together(magnitude.masked_fill(~flat, math.inf), sizes, k)
+    ranked = torch.nan_to_num(joined(scores).abs(), nan=0.0)
+    grown = largest_k_masks_together(ranked.masked_fill(kept, -math.inf), sizes, k)
+    return {n: part.view_as(binary[n]) for n, part in zip(names, (kept | grown).split(sizes))}
 
 
 def dense_gradients(
@@ -167,7 +201,6 @@ def dense_gradients(
     saved_grads = [p.grad for p in params]
     for p in params:
         p.grad = None
-    total: dict[str, Tensor] = {}
     count = 0
     try:
         if eval_mode:
@@ -182,9 +215,11 @@ def dense_gradients(
                 count += 1
         if count == 0:
             raise ValueError("dense_gradients needs at least one batch, got none")
-        for name, param in mask.params.items():
-            grad = param.grad
-            total[name] = (torch.zeros_like(param) if grad is None else grad.detach() / count).abs()
+        # every layer at once (a few kernels on an accelerator); a parameter the loss did not reach scores 0
+        present = [name for name, param in mask.params.items() if param.grad is not None]
+        scores = dict(zip(present, torch._foreach_div([mask.params[n].grad.detach() for n in present], count)))
+        torch._foreach_abs_(list(scores.values()))
+        total = {name: scores[name] if name in scores else torch.zeros_like(param) for name, param in mask.params.items()}
     finally:
         for p, grad in zip(params, saved_grads):
             p.grad = grad
