@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dfl.checks import check_int, check_positive, is_int
+from lightning_dfl.transfers import to_device
 
 from .datasets import DATASETS, EMBEDDED, ImageData, Split, load_dataset
 from .partition import (
@@ -97,7 +98,7 @@ class TensorBatches:
         order = None
         if self.shuffle:
             gen = self.generator
-            order = torch.randperm(n, generator=gen, device=gen.device).to(device)
+            order = to_device(torch.randperm(n, generator=gen, device=gen.device), device)
         elif self.augment is not None:
             order = torch.arange(n, device=device)
         for start in range(0, n, size):
@@ -465,8 +466,8 @@ class FederatedDataModule(L.LightningDataModule):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         idx = self._train_parts[self._client(k)]
         return TensorBatches(
-            split.train.images.index_select(0, idx).to(device),
-            split.train.labels.index_select(0, idx).to(device),
+            to_device(split.train.images.index_select(0, idx), device),
+            to_device(split.train.labels.index_select(0, idx), device),
             self.batch_size,
             self.normalizer,
             augment=self.batch_augment,
@@ -479,8 +480,8 @@ class FederatedDataModule(L.LightningDataModule):
         split = self._ready()
         idx = self._test_parts[self._client(k)]
         return TensorBatches(
-            split.test.images.index_select(0, idx).to(device),
-            split.test.labels.index_select(0, idx).to(device),
+            to_device(split.test.images.index_select(0, idx), device),
+            to_device(split.test.labels.index_select(0, idx), device),
             self.eval_batch_size,
             self.normalizer,
         )

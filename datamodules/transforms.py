@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from lightning_dfl.checks import check_int
+from lightning_dfl.transfers import to_device
 
 __all__ = ["BatchAugment", "Normalize", "channel_stats", "to_float"]
 
@@ -84,23 +85,29 @@ class BatchAugment:
     def crop_flip(self, padded: Tensor, index: Tensor, generator: torch.Generator) -> Tensor:
         """The augmented samples ``index`` (int64 ``[B]``) of ``[N, C, H + 2p, W + 2p]`` images padded by :meth:`pad`.
 
-        One gather per batch: the crop windows are a view of ``padded`` indexed per sample, and
-        only the flipped samples are copied again. A new ``[B, C, H, W]`` tensor.
+        One gather per batch: the crop windows are a view of ``padded`` indexed per sample; the flipped samples
+        are taken from the batch's mirror image. The draws reach ``padded``'s device in one upload that the host
+        does not wait for. A new ``[B, C, H, W]`` tensor.
         """
         p = self.random_crop_padding
         batch = index.shape[0]
-        if p > 0:
-            dy = torch.randint(0, 2 * p + 1, (batch,), generator=generator, device=generator.device).to(padded.device)
-            dx = torch.randint(0, 2 * p + 1, (batch,), generator=generator, device=generator.device).to(padded.device)
+        if not self.enabled:
+            return padded.index_select(0, index)
+        draws = []  # on the generator's device, in this order: dy, dx, the flips
+        if p:
+            draws += [torch.randint(0, 2 * p + 1, (batch,), generator=generator, device=generator.device)
+                      for _ in range(2)]
+        if self.horizontal_flip:
+            draws.append((torch.rand(batch, generator=generator, device=generator.device) < 0.5).long())
+        drawn = to_device(torch.stack(draws), padded.device)  # one upload, not waited for
+        if p:
             # [N, C, 2p + 1, 2p + 1, H, W]: every window of every image, without a copy
             windows = padded.unfold(2, padded.shape[2] - 2 * p, 1).unfold(3, padded.shape[3] - 2 * p, 1)
-            x = windows[index, :, dy, dx]
+            x = windows[index, :, drawn[0], drawn[1]]
         else:
             x = padded.index_select(0, index)
         if self.horizontal_flip:
-            flip = torch.rand(batch, generator=generator, device=generator.device) < 0.5
-            rows = flip.nonzero().squeeze(1).to(x.device)
-            x.index_copy_(0, rows, x.index_select(0, rows).flip(-1))
+            x = torch.where(drawn[-1].bool().view(-1, *[1] * (x.dim() - 1)), x.flip(-1), x)
         return x
 
     def __call__(self, x: Tensor, generator: torch.Generator) -> Tensor:

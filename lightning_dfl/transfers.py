@@ -5,6 +5,11 @@ while the host goes on; :func:`copy_all_` queues every such copy of a batch and 
 that no caller reads a destination or overwrites a source before its copy is done. The client store
 (:mod:`lightning_dfl.federation.state`) and the worker's mask (:mod:`lightning_dfl.sparse.masks`) copy
 through it.
+
+A copy from ordinary (pageable) host memory to a CUDA device is the opposite: PyTorch waits for everything
+queued on the device before it returns (``cudaStreamSynchronize``). :func:`to_device` stages such uploads
+(a client's data, a batch's random draws, a few indices) in pinned memory and queues them, so the host never
+waits for the device to upload.
 """
 
 from __future__ import annotations
@@ -21,6 +26,18 @@ ASYNC_DEVICE_TYPES = ("cuda",)
 def synchronize(device: torch.device) -> None:
     """Wait for the work queued on ``device``'s current stream (the asynchronous copies among it)."""
     getattr(torch, device.type).current_stream(device).synchronize()
+
+
+def to_device(tensor: Tensor, device: torch.device | str | None) -> Tensor:
+    """``tensor.to(device)`` (``None``: where it is), without waiting for the device: a host tensor bound for a
+    CUDA device is copied into pinned memory and its upload queued (``non_blocking``; PyTorch's pinned-memory
+    allocator keeps that buffer until the upload is done, and later work on the device's stream sees it done)."""
+    if device is None:
+        return tensor
+    device = torch.device(device)
+    if tensor.device.type == "cpu" and device.type in ASYNC_DEVICE_TYPES:
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def _asynchronous(dst: Tensor, src: Tensor) -> torch.device | None:

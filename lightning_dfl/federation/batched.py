@@ -67,6 +67,7 @@ from lightning_dfl.federation.local import _batches
 from lightning_dfl.federation.plan import RoundPlan
 from lightning_dfl.host_memory import available_bytes, format_bytes
 from lightning_dfl.sparse.masks import zero_inactive_all_
+from lightning_dfl.transfers import to_device
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
@@ -320,9 +321,9 @@ class BatchedExecutor(SerialExecutor):
                     start = len(flat)
                     flat += rows
                 calls.append((s, rows, start))
-        # the row indices of the calls that take some of the clients, copied to the device at once (a copy from
-        # the host per call would wait for the device each time)
-        indices = torch.tensor(flat, dtype=torch.long).to(device) if flat else None
+        # the row indices of the calls that take some of the clients, uploaded at once (one upload per group, not
+        # waited for)
+        indices = to_device(torch.tensor(flat, dtype=torch.long), device) if flat else None
 
         def step(s: int, rows: list[int], start: int | None) -> None:
             """Step ``s`` of the clients ``rows`` (the others keep their weights, statistics and momentum); the

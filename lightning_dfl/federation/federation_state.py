@@ -25,7 +25,7 @@ from lightning_dfl.federation.context import CountingBatches, EvaluationContext
 from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.plan import every_and_last
 from lightning_dfl.federation.state import ClientStore
-from lightning_dfl.transfers import copy_all_
+from lightning_dfl.transfers import copy_all_, to_device
 
 __all__ = ["FederationState", "HookDispatch"]
 
@@ -103,7 +103,7 @@ class FederationState:
         """The official test split, normalised, on the worker's device in the precision's input dtype."""
         device = self.fabric.device
         for x, y in self.datamodule.test_dataloader():
-            batch = (x.to(device), y.to(device))
+            batch = (to_device(x, device), to_device(y, device))
             yield self.convert_input(batch) if self.convert_input is not None else batch
 
     # -- the worker and the round's end --------------------------------------------------------

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import check_bool, check_int
+from lightning_dfl.transfers import to_device
 
 
 @dataclass
@@ -324,7 +325,7 @@ def gsgd(x: Tensor, bits: int, generator: torch.Generator | None = None, noise: 
     delta = math.sqrt(x.numel()) / levels
     tau = 1 + delta if delta > 1 else 1 + delta**2
     draw = torch.rand if noise == "uniform" else torch.randn
-    xi = draw(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+    xi = to_device(draw(x.shape, generator=generator, dtype=x.dtype), x.device)
     level = (levels / norm * x.abs() + xi).floor_().clamp_min_(0)
     return x.sign() * level * (norm / levels / tau)
 

@@ -42,7 +42,7 @@ from lightning_dfl.federation.compact_records import FORMAT as COMPACT_FORMAT
 from lightning_dfl.federation.compact_records import dense_state_dict
 from lightning_dfl.federation.plan import RoundPlan, Task
 from lightning_dfl.sparse.masks import Masks, active_counts, zero_inactive_
-from lightning_dfl.transfers import copy_all_
+from lightning_dfl.transfers import copy_all_, to_device
 
 # -- declared per-client fields ---------------------------------------------------------------
 
@@ -371,7 +371,7 @@ class ClientStore:
         (the diagnostics) never hold every node's whole model at once. Both stores give the same blocks."""
         flat = (self.published_masks if mask else self.weights)[name].reshape(2 * self.num_nodes, -1)
         index = torch.as_tensor(list(nodes), dtype=torch.long)
-        rows = (self.slot[index] * self.num_nodes + index).to(self.device)
+        rows = to_device(self.slot[index] * self.num_nodes + index, self.device)
         for start in range(0, flat.shape[1], step):
             yield start, flat[:, start:start + step].index_select(0, rows)
 

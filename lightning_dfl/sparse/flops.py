@@ -97,7 +97,7 @@ class FlopsProfile:
         names = [n for n in self.layers if n in counts]
         dense = sum(layer.dense_macs for n, layer in self.layers.items() if n not in counts)  # layers without a mask
         if not names:
-            return 2.0 * torch.tensor(dense, dtype=torch.int64, device=device).to(torch.float64)
+            return 2.0 * torch.full((), dense, dtype=torch.int64, device=device).to(torch.float64)
         # every layer's product in one multi-tensor kernel, summed in int64 (exact in any order)
         products = torch._foreach_mul([counts[n].to(torch.int64) for n in names],
                                       [self.layers[n].positions for n in names])

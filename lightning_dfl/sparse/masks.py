@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dfl.deferred import host_reads_are_cheap
-from lightning_dfl.transfers import copy_all_
+from lightning_dfl.transfers import copy_all_, to_device
 
 Masks = dict[str, Tensor]
 
@@ -81,7 +81,7 @@ def count_active_together(masks: Mapping[str, Tensor]) -> Tensor:
     if host_reads_are_cheap(device) or len(tensors) < COUNT_TOGETHER_FROM or any(t.numel() == 0 or t.device != device for t in tensors):
         return torch.stack([t.count_nonzero() for t in tensors])
     flat = torch.cat([t if t.dtype == torch.bool else t != 0 for t in tensors])
-    ends = torch.tensor(np.cumsum([t.numel() for t in tensors]) - 1, dtype=torch.long).to(device)
+    ends = to_device(torch.tensor(np.cumsum([t.numel() for t in tensors]) - 1, dtype=torch.long), device)
     return flat.cumsum(0, dtype=torch.long).index_select(0, ends).diff(prepend=ends.new_zeros(1))
 
 

@@ -37,6 +37,7 @@ from lightning_dfl.sparse.select import (
     smallest_k_mask,
     smallest_k_masks_together,
 )
+from lightning_dfl.transfers import to_device
 
 #: Regrowth criteria: ``"gradient"`` (RigL, by |dense gradient|) or ``"random"`` (SET-like).
 REGROWTH_MODES = ("gradient", "random")
@@ -95,7 +96,7 @@ def _layer_update(weight: Tensor, mask: Tensor, k: int, active: int, score: Tens
         device = generator.device if generator is not None else torch.device("cpu")
         pick = torch.randperm(num_candidates, generator=generator, device=device)[:k]
         grown = torch.zeros_like(kept)
-        grown[candidates[pick.to(flat.device)]] = True
+        grown[candidates[to_device(pick, flat.device)]] = True
     return (kept | grown).view_as(mask)
 
 

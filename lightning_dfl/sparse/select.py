@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.deferred import host_reads_are_cheap
+from lightning_dfl.transfers import to_device
 
 
 def smallest_k_mask(values: Tensor, k: int) -> Tensor:
@@ -84,7 +85,8 @@ def smallest_k_masks_together(values: Tensor, sizes: Sequence[int], ks: Sequence
     starts = np.cumsum([0, *sizes[:-1]]).tolist()
     # each part's first position after the sorts and its end of chosen entries, copied to the device at once
     bounds = torch.tensor([*starts[1:], *[s + min(max(k, 0), size) for s, k, size in zip(starts, ks, sizes)]],
-                          dtype=torch.long).to(device)
+                          dtype=torch.long)
+    bounds = to_device(bounds, device)
     order = torch.sort(values, stable=True).indices
     part = torch.bucketize(order, bounds[:len(sizes) - 1], right=True)  # the part of each sorted entry
     by_part = torch.sort(part, stable=True)
