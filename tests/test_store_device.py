@@ -130,7 +130,9 @@ class SimCuda(TorchDispatchMode):
         super().__init__()
         self.pinned: set[int] = set()  # storages allocated with pin_memory=True
         self.pending: set[int] = set()  # host storages of non_blocking copies not yet synchronized
+        self.staged: list[torch.Tensor] = []  # pinned host tensors of queued uploads, kept until synchronized
         self.async_copies = 0
+        self.blocking_uploads = 0  # copies from pageable host memory to the GPU: a real one waits for its queue
         self.syncs = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -140,6 +142,7 @@ class SimCuda(TorchDispatchMode):
         assert device.type == "cuda", device
         self.syncs += 1
         self.pending.clear()
+        self.staged.clear()
 
     def dispatch(self, func, args, kwargs):
         kwargs = dict(kwargs or {})
@@ -159,9 +162,27 @@ class SimCuda(TorchDispatchMode):
             return x
 
         uargs, ukwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
+        target = kwargs.get("device")
         if func is aten.is_pinned.default:
             return not isinstance(args[0], Sim) and args[0].numel() > 0 and _ptr(args[0]) in self.pinned
-        target = kwargs.get("device")
+        if func is aten._pin_memory.default:  # Tensor.pin_memory(): a pinned host copy
+            assert not isinstance(args[0], Sim), "only host memory can be pinned"
+            out = uargs[0].clone()
+            if out.numel():
+                self.pinned.add(_ptr(out))
+            return out
+        upload = func is aten._to_copy.default and not isinstance(args[0], Sim) and target is not None \
+            and torch.device(target).type == "cuda"
+        if upload and kwargs.get("non_blocking", False):  # queued: the host memory is in flight, kept alive
+            assert args[0].numel() == 0 or _ptr(args[0]) in self.pinned, "a non_blocking copy of pageable memory"
+            self.async_copies += 1
+            if args[0].numel():
+                self.pending.add(_ptr(args[0]))
+                self.staged.append(args[0])
+            ukwargs["non_blocking"] = False
+        elif upload or (func is aten.copy_.default and isinstance(args[0], Sim) and not isinstance(args[1], Sim)
+                        and not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))):
+            self.blocking_uploads += 1
         pin = bool(ukwargs.pop("pin_memory", False))
         if func is aten.copy_.default:
             out_gpu = isinstance(args[0], Sim)
@@ -549,3 +570,40 @@ def test_a_fit_with_the_store_on_the_gpu_matches_the_cpu_store(store, gpu, monke
     assert [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in runs["gpu"].history] == strip
     for node in range(runs["cpu"].store.num_nodes):
         _assert_same(runs["gpu"].store.state(node).weights, runs["cpu"].store.state(node).weights)
+
+
+# -- uploads the host does not wait for ------------------------------------------------------------------------
+
+
+def test_to_device_uploads_from_pinned_memory_without_waiting(gpu):
+    source = torch.arange(6.0)
+    up = transfers.to_device(source, GPU)
+    assert isinstance(up, Sim) and up.cpu().tolist() == source.tolist()
+    assert gpu.async_copies == 1 and gpu.blocking_uploads == 0 and not source.is_pinned()
+    source.add_(1)  # the staged copy, not the caller's tensor, is in flight
+    assert up.cpu().tolist() == list(range(6))
+    torch.arange(3.0).to(GPU)  # what it replaces: a copy of pageable memory, which a real GPU waits for
+    assert gpu.blocking_uploads == 1
+
+
+def test_augmented_batches_on_a_gpu_upload_without_waiting_and_equal_the_cpus(gpu):
+    from lightning_dfl.datamodules.federated import TensorBatches
+    from lightning_dfl.datamodules.transforms import BatchAugment, Normalize
+
+    images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)
+    labels = torch.randint(0, 10, (50,))
+    normalize = Normalize([0.5, 0.4, 0.3], [0.2, 0.25, 0.3])
+    normalize(transfers.to_device(images[:1], GPU))  # its per-device constants, uploaded once
+
+    def batches(device):
+        return list(TensorBatches(transfers.to_device(images, device), transfers.to_device(labels, device), 16,
+                                  normalize, augment=BatchAugment(4, True), generator=torch.Generator().manual_seed(3),
+                                  shuffle=True))
+
+    before = gpu.blocking_uploads
+    on_gpu = batches(GPU)
+    assert gpu.blocking_uploads == before  # the images, labels, the epoch's order, each batch's draws: all queued
+    assert gpu.async_copies == 1 + 2 + 1 + 4  # the constants' probe, images and labels, the order, one per batch
+    on_cpu = batches(CPU)
+    for (x, y), (cx, cy) in zip(on_gpu, on_cpu, strict=True):
+        assert isinstance(x, Sim) and torch.equal(x.cpu(), cx) and torch.equal(y.cpu(), cy)
