@@ -17,7 +17,7 @@ from lightning_dfl.models import available_models, build_model
 from lightning_dfl.models import model_options as builder_options
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.flops import FlopsProfile, profile_flops
-from lightning_dfl.sparse.masks import Masks, ModelMask, active_counts, maskable_parameters
+from lightning_dfl.sparse.masks import Masks, ModelMask, active_counts, count_active_together, maskable_parameters
 from lightning_dfl.sparse.masks import density as mask_density
 
 #: name parts of the 1x1 shortcut convolutions of ResNets
@@ -260,9 +260,9 @@ class SparseClassifier(LightningModule):
         if not masks or host_reads_are_cheap(next(iter(masks.values())).device):
             counts = active_counts(masks)
             return mask_density(masks, counts), self._flops.forward_flops(counts)
-        counts = {name: m.count_nonzero() for name, m in masks.items()}  # on the device, counted once
-        density = torch.stack(list(counts.values())).sum().to(torch.float64) / sum(m.numel() for m in masks.values())
-        return density, self._flops.deferred_forward_flops(counts)
+        together = count_active_together(masks)  # on the device, counted once (a few kernels for all layers)
+        density = together.sum().to(torch.float64) / sum(m.numel() for m in masks.values())
+        return density, self._flops.deferred_forward_flops(dict(zip(masks, together.unbind())))
 
     @property
     def flops_profile(self) -> FlopsProfile:

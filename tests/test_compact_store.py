@@ -20,6 +20,7 @@ from lightning_dfl.federation.compact_records import (
     _unpack_torch,
     checkpoint_weights,
     pack_bits,
+    pack_bits_all,
     unpack_bits,
 )
 from lightning_dfl.federation.compact_state import STORE_KINDS, CompactClientStore, check_store_kind
@@ -681,3 +682,49 @@ def test_every_process_of_a_sharded_run_holds_its_own_dense_store(monkeypatch):
     check_store_fits("compact", _template(), MASKED, 5, 0.5, "cpu", processes=2)  # not checked
     monkeypatch.setattr(store_memory, "available_bytes", lambda: None)  # no /proc/meminfo: nothing to check
     check_store_fits("dense", _template(), MASKED, 5, 0.5, "cpu", processes=2)
+
+
+def test_the_accelerators_records_of_all_layers_at_once_equal_the_hosts():
+    """On an accelerator a write checks, packs, selects and compares every layer at once (masks of a multiple of
+    8 entries packed together); the records are the host's byte for byte: -0.0 outside one mask, a value outside
+    another, an all-active and an all-inactive layer, a current mask partly equal to the published one."""
+    template = {"a": torch.zeros(8, 3, 3, 3), "b": torch.zeros(10, 32), "c": torch.zeros(16, 8), "d": torch.zeros(24),
+                "e": torch.zeros(40), "bias": torch.zeros(6)}
+    masked = ["a", "b", "c", "d", "e"]
+    gen = torch.Generator().manual_seed(9)
+    weights = {n: torch.randn(t.shape, generator=gen) for n, t in template.items()}
+    masks = {n: torch.rand(template[n].shape, generator=gen) < 0.5 for n in masked}
+    masks["d"][:] = True
+    masks["e"][:] = False
+    for n in masked:
+        weights[n].mul_(masks[n])  # -0.0 where a negative weight is pruned
+    weights["b"][~masks["b"]] = 0.0
+    weights["c"][~masks["c"]] = 0.0
+    weights["c"][(~masks["c"]).nonzero()[0].tolist()] = 0.5  # a value outside the mask
+    weights["e"].zero_()
+    nxt = {n: m.clone() for n, m in masks.items()}
+    nxt["a"] = torch.rand(template["a"].shape, generator=gen) < 0.5  # only a changes
+    records = []
+    for paths in (contextlib.nullcontext(), device_paths_on_cpu()):
+        with paths:
+            store = CompactClientStore(template, masked, 1)
+            store.initialize(0, weights, masks)
+            store.publish(0, weights, masks)
+            store.set_mask(0, nxt)
+            records.append((store.fresh_records[0], store.current_bits[0]))
+    (host, host_bits), (device, device_bits) = records
+    assert "a" in host["neg"] and host["values"]["c"].numel() == 128 and host["values"]["e"].numel() == 0
+    for part in ("values", "bits", "neg"):
+        assert list(device[part]) == list(host[part])
+        for n in host[part]:
+            if host[part][n].numel() == 0:  # (numpy's empty selection has no stride to view bytes through)
+                assert device[part][n].shape == host[part][n].shape and device[part][n].dtype == host[part][n].dtype
+                continue
+            assert_bitwise(device[part][n], host[part][n], (part, n))
+    assert device["active"] == host["active"]
+    for n in masked:  # the current mask shares the published bytes where equal
+        assert_bitwise(device_bits[n], host_bits[n], n)
+        assert (device_bits[n] is device["bits"][n]) == (n != "a")
+    with device_paths_on_cpu():
+        parts = pack_bits_all([masks[n] for n in masked])
+    assert all(torch.equal(p, pack_bits(masks[n])) for p, n in zip(parts, masked))

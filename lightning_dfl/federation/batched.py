@@ -67,7 +67,7 @@ from lightning_dfl.federation.local import _batches
 from lightning_dfl.federation.plan import RoundPlan
 from lightning_dfl.host_memory import available_bytes, format_bytes
 from lightning_dfl.sparse.masks import zero_inactive_all_
-from lightning_dfl.transfers import to_device
+from lightning_dfl.transfers import copy_all_, to_device
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
@@ -271,9 +271,8 @@ class BatchedExecutor(SerialExecutor):
     def _capture(self, ctx: TaskContext, record: ClientRecord) -> _Started:
         """The task's start state and its batches, drawn as the serial loop would draw them."""
         model = ctx.module.model
-        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
-        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-        masks = {n: m.clone() for n, m in ctx.module.mask.masks.items()}
+        weights, buffers, masks = (_copies(dict(tensors)) for tensors in (
+            model.named_parameters(), model.named_buffers(), ctx.module.mask.masks.items()))
         batches = [batch for _, _, batch in _batches(ctx)]
         return _Started(ctx, record, weights, masks, batches, buffers)
 
@@ -392,6 +391,13 @@ class BatchedExecutor(SerialExecutor):
         kept = [n for n, t in stats.items() if t.is_floating_point()]
         return losses_out, [{**{n: params[n][i] for n in names}, **{n: stats[n][i] for n in kept}}
                             for i in range(len(items))]
+
+
+def _copies(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Detached copies of ``tensors`` (as ``clone``: same layout), in one multi-tensor copy per device."""
+    out = {n: torch.empty_like(t) for n, t in tensors.items()}
+    copy_all_((out[n], t.detach()) for n, t in tensors.items())
+    return out
 
 
 def _stacked(batches: list[tuple[Tensor, Tensor]], sizes: list[int]) -> tuple[Tensor, Tensor, Tensor]:

@@ -21,8 +21,8 @@ from torch import Tensor
 
 from lightning_dfl.deferred import host_reads_are_cheap
 
-__all__ = ["FORMAT", "INT_VIEWS", "bit_range", "checkpoint_weights", "dense_state_dict", "pack_bits",
-           "record_weights", "scatter_", "select", "signed_zeros", "unpack_bits"]
+__all__ = ["FORMAT", "INT_VIEWS", "bit_range", "checkpoint_weights", "dense_state_dict", "pack_bits", "pack_bits_all",
+           "record_weights", "scatter_", "select", "select_all", "signed_zeros", "unpack_bits"]
 
 #: ``state_dict()["format"]`` of a compact store
 FORMAT = "compact"
@@ -37,6 +37,18 @@ def pack_bits(bits: Tensor) -> Tensor:
     if host_reads_are_cheap(flat.device):
         return torch.from_numpy(np.packbits(flat.contiguous().numpy(), bitorder="little"))
     return _pack_torch(flat)
+
+
+def pack_bits_all(masks: list[Tensor]) -> list[Tensor]:
+    """:func:`pack_bits` of each tensor. On an accelerator, when every one holds a multiple of 8 entries (their
+    bytes then do not straddle two tensors), their concatenation is packed at once and each tensor's bytes copied
+    out: a few kernels and one copy each, where each packing takes several."""
+    device = masks[0].device if masks else None
+    if device is None or host_reads_are_cheap(device) or len(masks) < 2 \
+            or any(m.numel() % 8 or m.device != device for m in masks):
+        return [pack_bits(m) for m in masks]
+    packed = _pack_torch(torch.cat([m.reshape(-1) if m.dtype == torch.bool else m.reshape(-1).bool() for m in masks]))
+    return [part.clone() for part in packed.split([m.numel() // 8 for m in masks])]
 
 
 def _pack_torch(flat: Tensor) -> Tensor:
@@ -84,6 +96,21 @@ def select(values: Tensor, mask: Tensor, count: int | None = None) -> Tensor:
         order = torch.sort((~mask).view(torch.uint8), stable=True).indices[:count]
         return values.index_select(0, order)
     return torch.from_numpy(np.compress(mask.numpy(), _raw(values))).view(values.dtype)
+
+
+def select_all(values: list[Tensor], masks: list[Tensor], counts: list[int]) -> list[Tensor]:
+    """:func:`select` of each ``(values, mask, count)``. On an accelerator, for values of one dtype, at once: the
+    set positions of all masks in order are the first ``sum(counts)`` of one stable sort of the inverted,
+    concatenated masks (each mask's its own, in order), so one gather of the concatenated values gives every
+    tensor's selection, copied out each."""
+    device = values[0].device if values else None
+    if device is None or host_reads_are_cheap(device) or len(values) < 2 \
+            or any(v.dtype != values[0].dtype or v.device != device for v in values):
+        return [select(v, m, c) for v, m, c in zip(values, masks, counts)]
+    total = sum(counts)
+    order = torch.sort((~torch.cat(masks)).view(torch.uint8), stable=True).indices[:total]
+    chosen = torch.cat(values).index_select(0, order)
+    return [part.clone() for part in chosen.split(counts)]
 
 
 def scatter_(out: Tensor, mask: Tensor, values: Tensor) -> Tensor:

@@ -53,13 +53,15 @@ from lightning_dfl.federation.compact_records import (
     INT_VIEWS,
     bit_range,
     pack_bits,
+    pack_bits_all,
     scatter_,
     select,
+    select_all,
     signed_zeros,
     unpack_bits,
 )
 from lightning_dfl.federation.state import ClientStore, StateField
-from lightning_dfl.sparse.masks import Masks, zero_inactive_all_
+from lightning_dfl.sparse.masks import Masks, sums_by_part, zero_inactive_all_
 from lightning_dfl.transfers import copy_all_
 
 #: the client store backends of ``FederatedTrainer(store=...)``
@@ -115,7 +117,13 @@ def _shared(old: Mapping[str, Tensor], new: dict[str, Tensor]) -> dict[str, Tens
     """``new`` packed masks, each part replaced by ``old``'s when equal (records share their bytes); one host
     read for all parts."""
     names = [n for n, b in new.items() if old[n].shape == b.shape]
-    equal = torch.stack([old[n].eq(new[n]).all() for n in names]).tolist() if names else []
+    if not names:
+        equal = []
+    elif host_reads_are_cheap(new[names[0]].device) or len(names) < 2 or any(new[n].numel() == 0 for n in names):
+        equal = torch.stack([old[n].eq(new[n]).all() for n in names]).tolist()
+    else:  # on an accelerator: every part compared in a few kernels
+        differ = torch.cat([old[n] for n in names]).ne(torch.cat([new[n] for n in names]))
+        equal = sums_by_part(differ, [new[n].numel() for n in names]).eq(0).tolist()
     same = {n for n, e in zip(names, equal) if e}
     return {n: old[n] if n in same else b for n, b in new.items()}
 
@@ -192,28 +200,29 @@ class CompactClientStore(ClientStore):
         counts: list[int] = []
         outside: list[int] = []
         if masked:
-            checks = [masks[n].sum() for n in masked]
-            checks += [weights[n].view(INT_VIEWS[weights[n].element_size()]).ne(0).logical_and_(~masks[n]).any()
-                       for n in masked]
-            read = torch.stack([c.to(torch.long) for c in checks]).tolist()
-            counts, outside = read[:len(masked)], read[len(masked):]
+            counts, outside = self._checks(weights, masks)
         found = dict(zip(masked, zip(counts, outside)))
         values: dict[str, Tensor] = {}
         bits: dict[str, Tensor] = {}
         neg: dict[str, Tensor] = {}
+        packed = dict(zip(masked, pack_bits_all([masks[n] for n in masked])))
+        # plain +0.0 everywhere outside the mask (the common case): the active values, selected together
+        plain = [n for n in masked if found[n][0] != self.numels[n] and not found[n][1]]
+        selected = dict(zip(plain, select_all([weights[n] for n in plain], [masks[n] for n in plain],
+                                              [found[n][0] for n in plain])))
         for n in self.names:
             w = weights[n]
             if n not in self._masked:
                 values[n] = w
                 continue
             m = masks[n]
-            bits[n] = pack_bits(m)
+            bits[n] = packed[n]
             count, leaks = found[n]
             if count == w.numel():
                 values[n] = w
                 continue
             if not leaks:
-                values[n] = select(w, m, count)  # plain +0.0 everywhere outside the mask: the common case
+                values[n] = selected[n]
                 continue
             off = select(w, ~m)
             if bool(off.ne(0).any()):  # a value outside the mask: keep the tensor whole
@@ -230,6 +239,22 @@ class CompactClientStore(ClientStore):
         if active is None:
             active = self.unmasked_size + sum(counts)
         return {"values": values, "bits": bits, "neg": neg, "active": int(active)}
+
+    def _checks(self, weights: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> tuple[list[int], list[int]]:
+        """Per masked parameter, its mask's count and whether a nonzero bit lies outside it (a value, or a
+        ``-0.0``), read at once; on an accelerator for parameters of one item size in a few kernels for all."""
+        masked = self.masked_names
+        views = [weights[n].view(INT_VIEWS[weights[n].element_size()]) for n in masked]
+        if host_reads_are_cheap(self.device) or len({v.dtype for v in views}) > 1 \
+                or any(self.numels[n] == 0 for n in masked):
+            checks = [masks[n].sum() for n in masked]
+            checks += [v.ne(0).logical_and_(~masks[n]).any() for n, v in zip(masked, views)]
+            read = torch.stack([c.to(torch.long) for c in checks]).tolist()
+            return read[:len(masked)], read[len(masked):]
+        flat = torch.cat([masks[n] for n in masked])
+        flags = torch.stack([flat, torch.cat(views).ne(0).logical_and_(~flat)])
+        counts, outside = sums_by_part(flags, [self.numels[n] for n in masked]).tolist()
+        return counts, [int(bool(o)) for o in outside]
 
     def _dense(self, record: Mapping[str, Any], name: str, mask: Tensor | None = None) -> Tensor:
         """The dense tensor ``name`` of a record (a view of a dense-kept one; else rebuilt)."""
@@ -338,7 +363,8 @@ class CompactClientStore(ClientStore):
     @torch.no_grad()
     def set_mask(self, node: int, mask: Mapping[str, Tensor]) -> None:
         """Set the mask ``node`` trains with next."""
-        self.current_bits[node] = self._share(node, {n: pack_bits(m) for n, m in self._all_masks(mask).items()})
+        masks = self._all_masks(mask)
+        self.current_bits[node] = self._share(node, dict(zip(masks, pack_bits_all(list(masks.values())))))
 
     def _share(self, node: int, bits: dict[str, Tensor]) -> dict[str, Tensor]:
         """``bits`` (a current mask), each part replaced by the node's latest published one when equal."""

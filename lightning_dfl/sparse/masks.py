@@ -8,7 +8,7 @@ step, so that no optimizer (momentum, weight decay) can revive a pruned weight.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -80,9 +80,17 @@ def count_active_together(masks: Mapping[str, Tensor]) -> Tensor:
     device = tensors[0].device
     if host_reads_are_cheap(device) or len(tensors) < COUNT_TOGETHER_FROM or any(t.numel() == 0 or t.device != device for t in tensors):
         return torch.stack([t.count_nonzero() for t in tensors])
-    flat = torch.cat([t if t.dtype == torch.bool else t != 0 for t in tensors])
-    ends = to_device(torch.tensor(np.cumsum([t.numel() for t in tensors]) - 1, dtype=torch.long), device)
-    return flat.cumsum(0, dtype=torch.long).index_select(0, ends).diff(prepend=ends.new_zeros(1))
+    return sums_by_part(torch.cat([t if t.dtype == torch.bool else t != 0 for t in tensors]),
+                        [t.numel() for t in tensors])
+
+
+def sums_by_part(flags: Tensor, sizes: Sequence[int]) -> Tensor:
+    """The set entries of each part of a bool tensor's last dimension (consecutive parts of ``sizes`` entries,
+    none empty) as int64 ``[..., len(sizes)]``: a running sum read at each part's end, a few kernels whatever the
+    number of parts, nothing read on the host."""
+    ends = to_device(torch.tensor(np.cumsum(sizes) - 1, dtype=torch.long), flags.device)
+    running = flags.cumsum(-1, dtype=torch.long).index_select(-1, ends)
+    return running.diff(dim=-1, prepend=torch.zeros_like(running[..., :1]))
 
 
 def active_counts(masks: Mapping[str, Tensor]) -> dict[str, int]:
