@@ -65,6 +65,21 @@ def test_masked_weights_are_plain_zeros():
     assert pruned.eq(0).all() and not pruned.signbit().any()
 
 
+def test_a_loaded_mask_is_what_the_weights_and_gradients_are_masked_with_next():
+    model = nn.Linear(6, 4)
+    gen = torch.Generator().manual_seed(1)
+    mask = ModelMask(model, {"weight": torch.rand(4, 6, generator=gen) < 0.5}).attach()  # casts cached
+    new = ~mask.masks["weight"]
+    new[0] = True
+    mask.load_({"weight": new}, apply=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    model(torch.randn(3, 6)).sum().backward()
+    assert torch.equal(model.weight.grad != 0, new)  # the gradient hook masks with the loaded mask
+    mask.apply_()
+    assert torch.equal(model.weight != 0, new)
+
+
 def test_dense_gradients_context_unmasks_gradients():
     net = _net()
     masks = _half_masks(net)

@@ -210,7 +210,8 @@ class ModelMask:
         if set(masks) != set(self.masks):
             raise ValueError(f"expected masks for {sorted(self.masks)}, got {sorted(masks)}")
         copy_all_((self.masks[name], mask) for name, mask in masks.items())
-        self._cast.clear()
+        # the masks cast to the parameters' dtypes follow in one multi-tensor copy (0/1 exactly), not a cast each
+        copy_all_((cast, self.masks[name]) for (name, _), cast in self._cast.items())
         if apply:
             self.apply_()
 
