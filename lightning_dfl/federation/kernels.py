@@ -17,7 +17,7 @@ PyTorch's setting as it is (off unless set); ``True`` lets cuDNN time its convol
 input shape and keep the fastest (the first batch of each size runs slower; the choice may differ between runs,
 and with it float rounding); ``False`` uses its heuristics. Only cuDNN (NVIDIA GPUs) reads it.
 
-All three settings but the memory format are process-wide in PyTorch.
+The matmul precision and cuDNN's search are process-wide in PyTorch.
 """
 
 from __future__ import annotations
