@@ -253,3 +253,19 @@ def test_what_cannot_be_batched_is_refused_before_training(kwargs, match):
 def test_batched_clients_with_several_processes_is_refused():
     with pytest.raises(ValueError, match="batched_clients .* cannot be combined with 2 processes"):
         FederatedTrainer(devices=2, batched_clients=True, logger=False)
+
+
+def test_a_steps_batches_are_stacked_with_zero_weight_padding():
+    """Clients' batches of 3, 1 and 2 samples: padded to 3 with zeros of weight 0, the real samples in order."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = [3, 1, 2]
+    batches = [(torch.randn(n, 2, 4, 4, generator=gen).contiguous(memory_format=torch.channels_last),
+                torch.randint(0, 9, (n,), generator=gen)) for n in sizes]
+    xs, ys, ws = batched._stacked(batches, sizes)
+    assert xs.shape == (3, 3, 2, 4, 4) and ys.shape == ws.shape == (3, 3)
+    assert ws.tolist() == [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
+    for j, ((x, y), n) in enumerate(zip(batches, sizes)):
+        assert torch.equal(xs[j, :n], x) and torch.equal(ys[j, :n], y)
+        assert not xs[j, n:].any() and not ys[j, n:].any()
+    full = batched._stacked(batches[:1] * 2, [3, 3])  # equal sizes: stacked, no padding
+    assert torch.equal(full[0], torch.stack([batches[0][0]] * 2)) and full[2].eq(1).all()
