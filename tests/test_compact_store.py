@@ -726,5 +726,5 @@ def test_the_accelerators_records_of_all_layers_at_once_equal_the_hosts():
         assert_bitwise(device_bits[n], host_bits[n], n)
         assert (device_bits[n] is device["bits"][n]) == (n != "a")
     with device_paths_on_cpu():
-        parts = pack_bits_all([masks[n] for n in masked])
-    assert all(torch.equal(p, pack_bits(masks[n])) for p, n in zip(parts, masked))
+        parts = pack_bits_all({n: masks[n] for n in masked})
+    assert list(parts) == masked and all(torch.equal(parts[n], pack_bits(masks[n])) for n in masked)

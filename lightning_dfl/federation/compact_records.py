@@ -39,16 +39,17 @@ def pack_bits(bits: Tensor) -> Tensor:
     return _pack_torch(flat)
 
 
-def pack_bits_all(masks: list[Tensor]) -> list[Tensor]:
-    """:func:`pack_bits` of each tensor. On an accelerator, when every one holds a multiple of 8 entries (their
-    bytes then do not straddle two tensors), their concatenation is packed at once and each tensor's bytes copied
-    out: a few kernels and one copy each, where each packing takes several."""
-    device = masks[0].device if masks else None
-    if device is None or host_reads_are_cheap(device) or len(masks) < 2 \
-            or any(m.numel() % 8 or m.device != device for m in masks):
-        return [pack_bits(m) for m in masks]
-    packed = _pack_torch(torch.cat([m.reshape(-1) if m.dtype == torch.bool else m.reshape(-1).bool() for m in masks]))
-    return [part.clone() for part in packed.split([m.numel() // 8 for m in masks])]
+def pack_bits_all(masks: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """:func:`pack_bits` of each mask, by name. On an accelerator, when every one holds a multiple of 8 entries
+    (their bytes then do not straddle two masks), their concatenation is packed at once and each mask's bytes
+    copied out: a few kernels and one copy each, where each packing takes several."""
+    parts = list(masks.values())
+    device = parts[0].device if parts else None
+    if device is None or host_reads_are_cheap(device) or len(parts) < 2 \
+            or any(m.numel() % 8 or m.device != device for m in parts):
+        return {n: pack_bits(m) for n, m in masks.items()}
+    packed = _pack_torch(torch.cat([m.reshape(-1) if m.dtype == torch.bool else m.reshape(-1).bool() for m in parts]))
+    return {n: part.clone() for n, part in zip(masks, packed.split([m.numel() // 8 for m in parts]))}
 
 
 def _pack_torch(flat: Tensor) -> Tensor:

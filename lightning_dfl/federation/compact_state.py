@@ -205,7 +205,7 @@ class CompactClientStore(ClientStore):
         values: dict[str, Tensor] = {}
         bits: dict[str, Tensor] = {}
         neg: dict[str, Tensor] = {}
-        packed = dict(zip(masked, pack_bits_all([masks[n] for n in masked])))
+        packed = pack_bits_all({n: masks[n] for n in masked})
         # plain +0.0 everywhere outside the mask (the common case): the active values, selected together
         plain = [n for n in masked if found[n][0] != self.numels[n] and not found[n][1]]
         selected = dict(zip(plain, select_all([weights[n] for n in plain], [masks[n] for n in plain],
@@ -363,8 +363,7 @@ class CompactClientStore(ClientStore):
     @torch.no_grad()
     def set_mask(self, node: int, mask: Mapping[str, Tensor]) -> None:
         """Set the mask ``node`` trains with next."""
-        masks = self._all_masks(mask)
-        self.current_bits[node] = self._share(node, dict(zip(masks, pack_bits_all(list(masks.values())))))
+        self.current_bits[node] = self._share(node, pack_bits_all(self._all_masks(mask)))
 
     def _share(self, node: int, bits: dict[str, Tensor]) -> dict[str, Tensor]:
         """``bits`` (a current mask), each part replaced by the node's latest published one when equal."""
@@ -403,7 +402,7 @@ class CompactClientStore(ClientStore):
             record = self._record({n: weights[n].reshape(-1) for n in self.names},
                                   {n: masks[n].reshape(-1) for n in self.masked_names}, int(active[0]))
             self.fresh_records[node] = record
-            self.current_bits[node] = self._share(node, {n: pack_bits(current[n]) for n in self.masked_names})
+            self.current_bits[node] = self._share(node, pack_bits_all({n: current[n] for n in self.masked_names}))
         self._written.add(node)
 
     # -- many nodes read in column blocks ------------------------------------------------
@@ -594,8 +593,7 @@ class CompactClientStore(ClientStore):
             weights = self._copies({n: state["weights"][n][s, k] for n in self.names}, self.names)
             masks = self._all_masks({n: state["published_masks"][n][s, k] for n in self.masked_names})
             record = self._record(weights, masks, int(active[s, k]))
-            bits = {n: pack_bits(m) for n, m in self._all_masks({n: state["masks"][n][k]
-                                                                 for n in self.masked_names}).items()}
+            bits = pack_bits_all(self._all_masks({n: state["masks"][n][k] for n in self.masked_names}))
             records.append(record)
             current.append({n: record["bits"][n] if torch.equal(record["bits"][n], b) else b for n, b in bits.items()})
         self._adopt(records, current, slot, field_pairs)
