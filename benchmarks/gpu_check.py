@@ -5,7 +5,10 @@ row by row, to ``benchmarks/results/gpu_check.md`` or ``--out``); checks that wo
 ``--budget-s`` seconds are listed as skipped:
 
 1. the README's main job (DisPFL on digits) on the GPU, then ``step_time.py``: a ResNet18 step (NCHW and
-   channels-last) against the batched executor's step of 8 and 32 clients, per client step;
+   channels-last, ordinary and replayed from a CUDA graph) against the batched executor's step of 8 and 32
+   clients, per client step;
+1a. ``cuda_graphs: true`` (``graphs``): K = 10 ``cnn_cifar``, 3 rounds, with and without graphs (the accuracies
+   must be equal), then one round of the papers' ResNet18 setting with graphs;
 2. one round of ``configs/dispfl_cifar10_dir.yaml`` (100 ResNet18 clients, E = 5), as configured, the same
    with ``batched_clients: true`` (groups sized from the GPU's memory), then ``round_phases.py`` over two such
    rounds (where a warm round's time goes);
@@ -111,7 +114,7 @@ def script_table(report: Report, script: str, options: list[str], marker: str, m
     return table
 
 
-CHECKS = ("main", "steps", "resnet18", "resnet18-batched", "phases", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
+CHECKS = ("main", "steps", "graphs", "resnet18", "resnet18-batched", "phases", "loop", "batched", "precision", "store", "resume", "resnet18-bf16")
 
 
 class Report:
@@ -179,7 +182,8 @@ def main() -> None:
     steps = NOT_RUN
     if "steps" in args.checks and report.time_left(60, "step_time.py"):
         steps = script_table(report, "step_time.py", [
-            "--device", args.device, "--settings", "nchw-fp32", "cl-fp32", "cl-fp32-heuristics", "--batched",
+            "--device", args.device, "--settings", "nchw-fp32", "cl-fp32", "cl-fp32-heuristics", "cl-fp32-graphed",
+            "cl-fp32-heuristics-graphed", "--batched",
             *(["2", "--steps", "2", "--warmup", "1", "--batch", "16"] if args.quick else
               ["8", "32", "--steps", "10", "--warmup", "3"])], "| setting", 180)
     if root is None:
@@ -200,6 +204,19 @@ def main() -> None:
                            "--data.max_train_samples", "400", "--trainer.local_epochs", "1"]
     resnet = [*resnet_setting, "--trainer.accelerator", accelerator, "--trainer.rounds", "2" if args.quick else "1"]
     resnet_name = "ResNet18, 4 clients, E=1" if args.quick else "ResNet18, 100 clients, E=5, one round"
+    # 0a. CUDA graphs: the same results as ordinary steps (on a CUDA GPU only), then the papers' round with them
+    if "graphs" in args.checks and report.time_left(60, "K=10 with / without cuda_graphs"):
+        plain = fit(out, "K=10, ordinary steps", config, *k10)
+        graphed = fit(out, "K=10, cuda_graphs", config, *k10, "--trainer.cuda_graphs", "true")
+        same = graphed["ok"] and plain["ok"] and accuracies(graphed) == accuracies(plain)
+        speed = f"{per_round(plain) / per_round(graphed):.2f} x ordinary; " if plain["ok"] and graphed["ok"] else ""
+        report.add(row(plain), row(graphed, speed + ("accuracies equal the ordinary run's" if same else
+                                                     "accuracies DIFFER from the ordinary run's") + "; "
+                                   + logged(graphed, "CUDA graphs:")))
+        if report.time_left(60, resnet_name + ", cuda_graphs"):
+            resnet_graphed = fit(out, resnet_name + ", cuda_graphs", config, *resnet, "--trainer.cuda_graphs", "true",
+                                 timeout=max(60, min(300, report.deadline - time.monotonic())))
+            report.add(row(resnet_graphed, logged(resnet_graphed, "CUDA graphs:")))
     if "resnet18" in args.checks and report.time_left(60, resnet_name):
         report.add(row(fit(out, resnet_name, config, *resnet, timeout=max(60, min(300, report.deadline - time.monotonic())))))
     # 1a. the same round with batched clients (groups sized from the GPU's free memory; the log names the size)

@@ -13,6 +13,8 @@ the step) and times ``--steps`` SGD steps (lr 0.1, weight decay 5e-4) on random 
 * ``torch.compile`` of the model (default mode), once;
 * cuDNN's algorithm search (``torch.backends.cudnn.benchmark``, the trainer's ``benchmark: true``): on in every
   setting but ``-heuristics``, which takes cuDNN's heuristics (PyTorch's default, and a run's unless set);
+* ``-graphed``: the step replayed from a CUDA graph, as the trainer's ``cuda_graphs: true`` does
+  (:class:`~lightning_dfl.federation.step_graphs.StepGraphs`; a CUDA GPU only);
 * ``--batched G ...``: the batched executor's own training (``BatchedExecutor._train_together``: ``vmap`` over G
   stacked clients, then the multi-tensor masked SGD update), fp32, per batched step and per client step
   (what ``batched_clients: true`` would make of the 2,000 steps).
@@ -31,23 +33,27 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from lightning_dfl.federation import step_graphs
 from lightning_dfl.module import SparseClassifier
 
-SETTINGS = {  # name: (memory format, precision, norm, compile, cuDNN benchmark)
-    "nchw-fp32": ("contiguous", "fp32", "group", False, True),
-    "cl-fp32": ("channels_last", "fp32", "group", False, True),
-    "cl-fp32-heuristics": ("channels_last", "fp32", "group", False, False),
-    "nchw-bf16": ("contiguous", "bf16", "group", False, True),
-    "cl-bf16": ("channels_last", "bf16", "group", False, True),
-    "cl-fp32-batchnorm": ("channels_last", "fp32", "batch", False, True),
-    "cl-bf16-batchnorm": ("channels_last", "bf16", "batch", False, True),
-    "cl-bf16-compile": ("channels_last", "bf16", "group", True, True),
+SETTINGS = {  # name: (memory format, precision, norm, compile, cuDNN benchmark, CUDA graph)
+    "nchw-fp32": ("contiguous", "fp32", "group", False, True, False),
+    "cl-fp32": ("channels_last", "fp32", "group", False, True, False),
+    "cl-fp32-heuristics": ("channels_last", "fp32", "group", False, False, False),
+    "cl-fp32-graphed": ("channels_last", "fp32", "group", False, True, True),
+    "cl-fp32-heuristics-graphed": ("channels_last", "fp32", "group", False, False, True),
+    "nchw-bf16": ("contiguous", "bf16", "group", False, True, False),
+    "cl-bf16": ("channels_last", "bf16", "group", False, True, False),
+    "cl-bf16-graphed": ("channels_last", "bf16", "group", False, True, True),
+    "cl-fp32-batchnorm": ("channels_last", "fp32", "batch", False, True, False),
+    "cl-bf16-batchnorm": ("channels_last", "bf16", "batch", False, True, False),
+    "cl-bf16-compile": ("channels_last", "bf16", "group", True, True, False),
 }
 
 
 def time_setting(name: str, arch: str, device: torch.device, batch: int, steps: int, warmup: int) -> float:
     """Seconds per training step (median of ``steps`` timed one by one after ``warmup``)."""
-    memory_format, precision, norm, compiled, benchmark = SETTINGS[name]
+    memory_format, precision, norm, compiled, benchmark, graphed = SETTINGS[name]
     torch.backends.cudnn.benchmark = benchmark
     module = SparseClassifier(arch=arch, density=0.5, model_options={"norm": norm})
     module.build(num_classes=10, in_channels=3, image_size=32)
@@ -61,13 +67,29 @@ def time_setting(name: str, arch: str, device: torch.device, batch: int, steps: 
     labels = torch.randint(0, 10, (batch,), device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
-    def step() -> None:
+    def run(batch: tuple) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         with autocast:
-            loss = F.cross_entropy(runner(images), labels)
+            loss = F.cross_entropy(runner(batch[0]), batch[1])
         loss.backward()
         optimizer.step()
         module.mask.apply_()
+        return loss
+
+    graphs = None
+    if graphed:
+        backend = step_graphs.graph_backend(device)
+        if backend is None:
+            raise ValueError(f"a CUDA graph needs a CUDA GPU, not {device}")
+        graphs = step_graphs.StepGraphs(backend, module, optimizer)
+        graphs.begin()
+        warmup = max(warmup, step_graphs.WARMUP_STEPS + 1)  # timed steps are replays
+
+    def step() -> None:
+        if graphs is None:
+            run((images, labels))
+        else:
+            graphs.step((images, labels), run)
 
     def sync() -> None:
         if device.type == "cuda":

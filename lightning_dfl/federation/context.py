@@ -99,6 +99,9 @@ class TaskContext:
     report: dict[str, float] = field(default_factory=dict)
     #: values the hooks of one task share (e.g. a proximal anchor)
     scratch: dict[str, Any] = field(default_factory=dict)
+    #: the worker's captured local steps (:class:`~lightning_dfl.federation.step_graphs.StepGraphs`), or ``None``:
+    #: :func:`~lightning_dfl.federation.local.train_locally` replays its steps from them
+    step_graphs: Any = None
     #: the task's writes of its node's private fields (:meth:`write`), committed by the executor when the
     #: node publishes, and discarded with the rest of the update when the task is contained
     staged: dict[str, Any] = field(default_factory=dict)

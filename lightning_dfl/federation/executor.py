@@ -82,7 +82,7 @@ class SerialExecutor:
                            seed=t.seed, module=t.module, optimizer=t.optimizer, store=t.store, fabric=t.fabric,
                            local_epochs=t.local_epochs, local_steps=t.local_steps, call=t.call,
                            test_batches=lambda: t.test_batches(task.node), worker=t.worker,
-                           draw_train_batches=t.train_batches)
+                           draw_train_batches=t.train_batches, step_graphs=t.step_graphs)
 
     def load(self, weights: dict[str, Tensor]) -> None:
         """Copy ``weights`` into the worker's floating parameters and buffers (from a pinned store, overlapping)."""

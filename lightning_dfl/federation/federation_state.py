@@ -83,6 +83,8 @@ class FederationState:
     current_client: int | None = None
     #: the running task's training batches (Lightning callbacks look for ``train_dataloader``)
     train_dataloader: CountingBatches | None = None
+    #: the worker's captured local steps (``cuda_graphs``: :mod:`~lightning_dfl.federation.step_graphs`), or ``None``
+    step_graphs: Any = None
 
     def evaluates(self, round_idx: int) -> bool:
         """Whether ``round_idx`` is an evaluated round: every ``eval_every``-th, and the last."""

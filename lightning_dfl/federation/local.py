@@ -5,7 +5,9 @@ The default loop of :meth:`Algorithm.local_train`. Each step calls the algorithm
 :meth:`~Algorithm.loss` under the precision's autocast and back-propagates; the default step runs
 the closure once and steps the optimizer (SAM-like algorithms run it twice). Callbacks receive
 Lightning's epoch and batch hooks. The mask's hooks zero the gradients of inactive weights, and
-Fabric calls the module's ``on_after_optimizer_step``, which re-masks the weights.
+Fabric calls the module's ``on_after_optimizer_step``, which re-masks the weights. With the trainer's
+``cuda_graphs`` a step is replayed from a CUDA graph of its batch shape
+(:class:`~lightning_dfl.federation.step_graphs.StepGraphs`).
 """
 
 from __future__ import annotations
@@ -48,14 +50,19 @@ def train_locally(algorithm: Algorithm, ctx: TaskContext) -> Tensor | float:
     """Run the local loop; return the mean training loss per sample as a 0-dim tensor on the worker's
     device, not waited for (:mod:`lightning_dfl.deferred`; NaN when no sample; not finite when training
     diverged: the executor then discards the update)."""
-    module, optimizer = ctx.module, ctx.optimizer
+    module, optimizer, graphs = ctx.module, ctx.optimizer, ctx.step_graphs
     module.train()
+    if graphs is not None:
+        graphs.begin()
     loss_sum: Tensor | None = None
     count = 0
+
+    def step(batch: Any) -> Tensor:
+        return algorithm.optimizer_step(ctx, _closure(algorithm, ctx, batch))  # the closure zeroes the gradients
+
     for _, batch_idx, batch in _batches(ctx):
         ctx.call("on_train_batch_start", batch, batch_idx)
-        closure = _closure(algorithm, ctx, batch)
-        loss = algorithm.optimizer_step(ctx, closure)  # the closure zeroes the gradients first
+        loss = step(batch) if graphs is None else graphs.step(batch, step)
         ctx.call("on_train_batch_end", loss.detach(), batch, batch_idx)
         n = int(batch[1].shape[0])
         weighted = loss.detach().to(accumulator_dtype(loss.device)) * n

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import MixedPrecision
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 
@@ -28,6 +28,7 @@ from lightning_dfl.callbacks.base import check_supported
 from lightning_dfl.checks import check_bool, check_int
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import RunDiverged, mark_in_round
+from lightning_dfl.federation import step_graphs
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
 from lightning_dfl.federation.batched import batched_executor, check_batchable
@@ -55,6 +56,7 @@ from lightning_dfl.federation.plan import every_and_last
 from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
 from lightning_dfl.federation.sharding import ShardedExecutor, check_processes, check_shardable
 from lightning_dfl.federation.state import ClientFields, ClientStore
+from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
 from lightning_dfl.federation.store_memory import (
     check_store_device,
 )
@@ -123,18 +125,15 @@ class FederatedTrainer:
             clients are trained group by group); ``None`` (default): as many as fit in a share of the worker
             device's free memory, measured on a whole batch of the first task (the papers' ResNet18 takes ~1.4 GiB per
             client at batch 128).
-        memory_format: the layout of the worker's 4-D weights and input batches: ``"auto"`` (channels-last for
-            models with 2-D convolutions: faster kernels on CPUs and GPUs; float rounding differs from NCHW),
-            ``"channels_last"`` or ``"contiguous"`` (PyTorch's NCHW); :mod:`~lightning_dfl.federation.kernels`.
-        matmul_precision: float32 matmul precision: ``"auto"`` (``"high"``, TF32, on GPUs with tensor cores,
-            as Lightning recommends; unchanged elsewhere), or ``"highest"``, ``"high"``, ``"medium"`` (see
-            ``torch.set_float32_matmul_precision``; process-wide).
-        benchmark: ``torch.backends.cudnn.benchmark`` (as Lightning's ``Trainer``): ``True`` times cuDNN's
-            algorithms per input shape (rounding may differ between runs), ``False`` takes its heuristics,
-            ``None`` leaves it as it is. Process-wide.
-        tune_allocator: when ``fit`` starts, keep freed activation buffers in the process's heap instead of
-            returning them to the OS after every batch (glibc's ``mallopt``; :mod:`lightning_dfl.allocator`):
-            ``True`` (default) or ``False`` to leave the allocator as it is. Process-wide; no effect off glibc.
+        memory_format: the layout of 4-D weights and batches: ``"auto"`` (channels-last for models with 2-D
+            convolutions: faster kernels; other rounding), ``"channels_last"`` or ``"contiguous"`` (NCHW).
+        matmul_precision: ``torch.set_float32_matmul_precision``: ``"auto"`` (``"high"``, TF32, on GPUs with
+            tensor cores, as Lightning recommends; else unchanged), ``"highest"``, ``"high"`` or ``"medium"``.
+        benchmark: ``torch.backends.cudnn.benchmark``, as Lightning's: ``True`` times cuDNN's algorithms per
+            shape (rounding may differ between runs), ``False`` takes its heuristics, ``None`` leaves it.
+        cuda_graphs: on a CUDA GPU, replay each local step from a CUDA graph (one launch; the same results).
+        tune_allocator: keep freed activation buffers in the heap, not returned to the OS after every batch
+            (glibc's ``mallopt``; :mod:`lightning_dfl.allocator`); ``False`` leaves the allocator as it is.
     """
 
     is_federated = True
@@ -172,6 +171,7 @@ class FederatedTrainer:
         memory_format: str = "auto",
         matmul_precision: str = "auto",
         benchmark: bool | None = None,
+        cuda_graphs: bool = False,
         tune_allocator: bool = True,
     ) -> None:
         self.algorithm = algorithm if algorithm is not None else DisPFL()
@@ -210,6 +210,7 @@ class FederatedTrainer:
         self.memory_format = check_memory_format(memory_format)
         self.matmul_precision = check_matmul_precision(matmul_precision)
         self.benchmark = check_benchmark(benchmark)
+        self.cuda_graphs = check_bool("cuda_graphs", cuda_graphs)
         self.diagnostics = check_diagnostics(diagnostics)
         self.diag_every = check_int("diag_every", diag_every, 1)
         #: the run's diagnostics collector (set up in fit when diagnostics are on)
@@ -350,6 +351,7 @@ class FederatedTrainer:
         self.optimizer = self.fabric.setup_optimizers(self.algorithm.make_optimizer(model))
         if self.batched_clients:  # refused before the store is allocated
             check_batchable(self.algorithm, model, self.optimizer, self.precision, self.callbacks)
+        step_graphs = self._step_graphs(model) if self.cuda_graphs else None
         # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
         plugin = self.fabric.strategy.precision
         self.convert_input = input_converter(None if isinstance(plugin, MixedPrecision) else plugin.convert_input,
@@ -375,6 +377,7 @@ class FederatedTrainer:
                 "memory_format": self.memory_format, "matmul_precision": self.matmul_precision,
                 **({"benchmark": self.benchmark} if self.benchmark is not None else {}),
                 "accelerator": self.fabric.device.type})
+        self.state.step_graphs = step_graphs
         self.executor = self._make_executor(self.state)
         self.algorithm.init_state(self.store, num_clients)
         for callback in self.callbacks:
@@ -400,6 +403,15 @@ class FederatedTrainer:
                 Path(self.log_dir).mkdir(parents=True, exist_ok=True)
                 for name, text in self.run_files.items():
                     (Path(self.log_dir) / name).write_text(text)
+
+    def _step_graphs(self, model: SparseClassifier) -> StepGraphs:
+        """The worker's captured steps (``cuda_graphs``); ValueError when the device or the run cannot have them."""
+        backend = step_graphs.graph_backend(self.fabric.device)
+        if backend is None:
+            raise ValueError(f"cuda_graphs: true needs a CUDA GPU; this run's device is {self.fabric.device} "
+                             "(set accelerator: gpu, or cuda_graphs: false)")
+        check_graphable(self.algorithm, model, self.optimizer, self.precision, self.callbacks, self.batched_clients)
+        return StepGraphs(backend, model, self.optimizer)
 
     def _make_executor(self, state: FederationState) -> SerialExecutor:
         """The executor the settings ask for: ``executor_factory``'s, sharded (processes), batched, or serial."""
@@ -463,6 +475,13 @@ class FederatedTrainer:
         self.summary = RunSummary.from_history(self.algorithm, self.history, earlier + time.perf_counter() - start,
                                                self.log_dir)
         self.reporter.warn_without_accuracy(self.summary, self.deadline)
+        if self.state.step_graphs is not None:
+            counts = self.state.step_graphs.counts
+            rank_zero_info(f"CUDA graphs: {counts['replayed']} local steps replayed, {counts['captured']} captured, "
+                           f"{counts['ordinary']} ordinary (warm-up, or the first after a change of learning rate)")
+            if not any(counts.values()):
+                rank_zero_warn(f"cuda_graphs: {type(self.algorithm).__name__} took no step through the default local "
+                               "loop (train_locally), so no step was captured: it trains with its own loop")
         self._call("on_train_end")
         self._call("on_fit_end")
         if self.logger is not None:

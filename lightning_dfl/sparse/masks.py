@@ -158,6 +158,10 @@ class ModelMask:
             cached = self._cast[key] = self.masks[name].to(dtype)
         return cached
 
+    def tensors(self) -> list[Tensor]:
+        """Every tensor the hooks and :meth:`apply_` read: the masks and their cached casts."""
+        return [*self.masks.values(), *self._cast.values()]
+
     # -- enforcement -------------------------------------------------------------------
     def attach(self) -> "ModelMask":
         """Register gradient hooks (inactive gradients are zeroed) and mask the weights."""

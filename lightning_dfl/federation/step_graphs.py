@@ -1,0 +1,220 @@
+"""Local SGD steps replayed from CUDA graphs (``trainer.cuda_graphs``): one launch per step, not ~800.
+
+A masked ResNet18 step of batch 128 launches ~775 kernels; on an H200 it took 10-12 ms in every precision and
+layout (README "Performance"): the host's dispatch of the kernels, not the GPU's arithmetic, set the pace. A CUDA
+graph (:class:`torch.cuda.CUDAGraph`) records the kernels of one whole step (the closure's zeroing, forward,
+loss, backward with the mask's gradient hooks, the optimizer's step and the re-masking after it) and replays
+them with one launch.
+
+How a step runs (:meth:`StepGraphs.step`), per batch *shape* (a client's last batch is shorter):
+
+1. the first :data:`WARMUP_STEPS` steps of a shape in the run are ordinary steps, on a side stream as PyTorch's
+   CUDA-graph notes ask (cuDNN's algorithm search and lazy initialisation happen there, not in a capture);
+2. the next is captured, reading its batch from static input buffers, and replayed at once (a capture records,
+   it does not run);
+3. every later step of that shape copies its batch into the buffers and replays.
+
+A graph reads and writes tensors by address. The worker's parameters, buffers, masks (and their float casts)
+and optimizer state stay at their addresses across tasks (a client's weights and mask are copied in, in
+place), so one graph serves every client of its shape. Python values are baked into a graph: the learning rate
+(which the papers' schedule changes every round), weight decay, momentum. The *signature* holds those addresses
+(the worker's taken when a task's local training begins, :meth:`StepGraphs.begin`; the optimizer's state and
+settings before every step); when it differs from the last step's, every graph is dropped and that step runs as
+an ordinary one (SGD's momentum buffers are created by a task's first step), and the shapes are captured again
+from the next step on. So results are those of ordinary steps: the same kernels
+on the same values, bit for bit (checked on the CPU by replaying recorded operator calls,
+``tests/_graph_sim.py``).
+
+What a graph cannot hold is refused when the run starts (:func:`check_graphable`): an algorithm with its own
+``loss`` or ``optimizer_step`` (its Python may read per-task values), callbacks or a module with hooks inside the
+step (``on_before_backward``, ``on_after_backward``, ``on_before_optimizer_step``), ``16-mixed`` (its gradient
+scaler reads the device), an optimizer other than SGD, batched clients, and a device other than a CUDA GPU. An
+algorithm whose ``local_train`` takes no step through :func:`~lightning_dfl.federation.local.train_locally` (BEER's
+one gradient-tracking iteration) gets a warning at the end of the run: nothing was captured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: ordinary steps of a batch shape before it is captured (the first in the run: cuDNN's search, lazy set-up)
+WARMUP_STEPS = 2
+#: hooks that run inside a step, so inside a graph's capture only (then never again)
+STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
+
+
+class CudaGraphs:
+    """Captures on one CUDA device: a side stream for warm-up and capture, one memory pool for all graphs (they
+    never run at the same time; each writes what it reads before reading it, except the worker's own tensors)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.pool = torch.cuda.graph_pool_handle()
+
+    @contextmanager
+    def side_stream(self) -> Iterator[None]:
+        """Run the block on the side stream, ordered after and before the current stream's work."""
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            yield
+        current.wait_stream(self.stream)
+
+    def capture(self, run: Callable[[], None]) -> Callable[[], None]:
+        """Record ``run``'s kernels (nothing runs) and return what replays them on the current stream.
+
+        ``torch.cuda.graph`` would also collect Python's garbage and empty the cache before every capture; a round
+        captures each of its ~100 shapes, so the capture is begun and ended directly."""
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)
+        with self.side_stream():
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                run()
+            finally:
+                graph.capture_end()
+        return graph.replay
+
+
+def graph_backend(device: torch.device) -> Any:
+    """What captures steps on ``device`` (:class:`CudaGraphs` on a CUDA GPU), or ``None`` where nothing can."""
+    return CudaGraphs(device) if device.type == "cuda" else None
+
+
+def check_graphable(algorithm: Any, module: Any, optimizer: Any, precision: Any, callbacks: list[Any],
+                    batched: bool) -> None:
+    """Raise ``ValueError`` naming the reason unless the run's local steps can be captured (module docstring)."""
+    from lightning.pytorch import LightningModule
+
+    from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
+    from lightning_dfl.callbacks.base import defined_hooks
+    from lightning_dfl.federation.algorithms.base import Algorithm
+
+    name = type(algorithm).__name__
+    for hook in ("loss", "optimizer_step"):
+        if getattr(type(algorithm), hook) is not getattr(Algorithm, hook):
+            raise ValueError(f"cuda_graphs: {name} has its own {hook}, whose Python a graph would run once; only the "
+                             "default step is captured (set cuda_graphs false)")
+    overridden = [hook for hook in STEP_HOOKS if getattr(type(module), hook) is not getattr(LightningModule, hook)]
+    if overridden:
+        raise ValueError(f"cuda_graphs: {type(module).__name__} defines {', '.join(overridden)}, which run inside a "
+                         "step; a graph would run them once (set cuda_graphs false)")
+    harmless = (RigL, PQIPruning, PruningTimeVoting)  # their batch hooks do nothing in a federation
+    for callback in callbacks:
+        hooks = [] if isinstance(callback, harmless) else defined_hooks(callback, STEP_HOOKS)
+        if hooks:
+            raise ValueError(f"cuda_graphs: callback {type(callback).__name__} defines {', '.join(hooks)}, which run "
+                             "inside a step; a graph would run them once (set cuda_graphs false)")
+    if precision in ("16-mixed", "16"):
+        raise ValueError(f"cuda_graphs: precision {precision!r} scales the loss and reads the device to skip steps "
+                         "with inf gradients; use 32-true or bf16-mixed")
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if type(inner) is not torch.optim.SGD:
+        raise ValueError(f"cuda_graphs: the optimizer is {type(inner).__name__}; only SGD's step is captured")
+    if batched:
+        raise ValueError("cuda_graphs: batched_clients trains clients with its own batched step, which is not "
+                         "captured; set one of them false")
+
+
+class StepGraphs:
+    """The worker's captured local steps, by batch shape (module docstring); ``backend`` captures and replays
+    (:func:`graph_backend`)."""
+
+    def __init__(self, backend: Any, module: Any, optimizer: Any) -> None:
+        self.backend = backend
+        self.module = module
+        self.optimizer = getattr(optimizer, "optimizer", optimizer)
+        self._signature: tuple | None = None
+        self._worker: tuple = ()
+        self._seen: dict[tuple, int] = {}  # ordinary steps per shape, whole run
+        self._graphs: dict[tuple, tuple[list[Tensor], Callable[[], None], Tensor]] = {}
+        #: steps replayed, captured and run as ordinary steps (for benchmarks and tests)
+        self.counts = {"replayed": 0, "captured": 0, "ordinary": 0}
+
+    def begin(self) -> None:
+        """A task's local training begins: take the worker's part of the signature (its parameters, buffers, mask
+        tensors and mode; ~0.2 ms for ResNet18, too slow for every step)."""
+        tensors = list(self.module.model.state_dict(keep_vars=True).values())
+        tensors += self.module.mask.tensors() if self.module.mask is not None else []
+        self._worker = (self.module.training, _addresses(tensors))
+
+    def signature(self) -> tuple:
+        """The addresses a graph depends on and the optimizer's settings it bakes in."""
+        state = [v for values in self.optimizer.state.values() for v in values.values() if isinstance(v, Tensor)]
+        settings = tuple(tuple((k, v.data_ptr() if isinstance(v, Tensor) else v) for k, v in group.items()
+                               if k != "params") for group in self.optimizer.param_groups)
+        return (self._worker, settings, _addresses(state))
+
+    def reset(self) -> None:
+        """Drop every graph (their memory returns to the pool)."""
+        self._graphs.clear()
+
+    def step(self, batch: Any, run: Callable[[Any], Tensor]) -> Tensor:
+        """One local step on ``batch``: ``run(batch)`` (the algorithm's step, returning the loss) as an ordinary
+        step or replayed from its shape's graph; returns the loss (a tensor of its own)."""
+        signature = self.signature()
+        if signature != self._signature:  # new addresses or settings: no graph is valid, nor is capturing now
+            self.reset()
+            self._signature = signature
+            return self._ordinary(batch, run, _shape(batch))
+        shape = _shape(batch)
+        graph = self._graphs.get(shape)
+        if graph is None:
+            if self._seen.get(shape, 0) < WARMUP_STEPS:
+                return self._ordinary(batch, run, shape)
+            graph = self._capture(batch, run, shape)
+        inputs, replay, loss = graph
+        for static, value in zip(inputs, _tensors(batch)):
+            static.copy_(value)
+        replay()
+        self.counts["replayed"] += 1
+        return loss.clone()
+
+    def _ordinary(self, batch: Any, run: Callable[[Any], Tensor], shape: tuple) -> Tensor:
+        with self.backend.side_stream():
+            loss = run(batch).detach()
+        self._seen[shape] = self._seen.get(shape, 0) + 1
+        self.counts["ordinary"] += 1
+        return loss
+
+    def _capture(self, batch: Any, run: Callable[[Any], Tensor], shape: tuple) -> tuple:
+        values = _tensors(batch)
+        inputs = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device).copy_(v) for v in values]
+        static_batch = _replace_tensors(batch, iter(inputs))
+        losses: list[Tensor] = []
+        self.optimizer.zero_grad(set_to_none=True)
+        replay = self.backend.capture(lambda: losses.append(run(static_batch).detach()))
+        if self.signature() != self._signature:
+            raise RuntimeError("cuda_graphs: capturing a step changed the worker's tensors or the optimizer's "
+                               "settings; the step cannot be replayed")
+        graph = self._graphs[shape] = (inputs, replay, losses[0])
+        self.counts["captured"] += 1
+        return graph
+
+
+def _addresses(tensors: list[Tensor]) -> tuple:
+    return tuple((t.data_ptr(), t.dtype, t.shape) for t in tensors)
+
+
+def _tensors(batch: Any) -> list[Tensor]:
+    """The tensors of a batch ``(x, y, ...)`` in order."""
+    return [v for v in (batch if isinstance(batch, (tuple, list)) else (batch,)) if isinstance(v, Tensor)]
+
+
+def _replace_tensors(batch: Any, replacements: Iterator[Tensor]) -> Any:
+    """``batch`` with its tensors replaced, in order, by ``replacements``."""
+    if isinstance(batch, Tensor):
+        return next(replacements)
+    return type(batch)(next(replacements) if isinstance(v, Tensor) else v for v in batch)
+
+
+def _shape(batch: Any) -> tuple:
+    """What a graph is captured for: every tensor's shape, strides, dtype and device, and the other values."""
+    parts = batch if isinstance(batch, (tuple, list)) else (batch,)
+    return tuple((tuple(v.shape), v.stride(), v.dtype, v.device) if isinstance(v, Tensor) else v for v in parts)

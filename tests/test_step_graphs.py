@@ -1,0 +1,225 @@
+"""``cuda_graphs``: local steps replayed from captured graphs give the ordinary steps' results bit for bit.
+
+No GPU here: the captures are replayed by ``tests/_graph_sim.py``, which binds recorded operator calls to their
+tensors and Python values as a CUDA graph binds its kernels, so a step that a graph would replay wrongly (a tensor
+replaced by another object, a learning rate baked in) gives other numbers here too.
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import step_graphs
+from lightning_dfl.federation.algorithms import BEER, DADPFL, PSFL, DisPFL, Ditto, FedAvg, Local, SubFedAvg
+from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
+from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.module import SparseClassifier
+from tests._graph_sim import RecordedGraph, SimulatedGraphs
+
+warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """Graphs on the CPU through the simulator; returns the list of backends made."""
+    made = []
+
+    def backend(device):
+        made.append(SimulatedGraphs())
+        return made[-1]
+
+    monkeypatch.setattr(step_graphs, "graph_backend", backend)
+    return made
+
+
+def _fit(algorithm, cuda_graphs, rounds=2, local_epochs=2, momentum=0.0, arch="cnn_digits", model_options=None,
+         callbacks=None, **kw):
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=None if kw.get("local_steps") else
+                               local_epochs, seed=0, accelerator="cpu", logger=False, enable_progress_bar=False,
+                               cuda_graphs=cuda_graphs, callbacks=callbacks, **kw)
+    model = SparseClassifier(arch=arch, density=0.5, lr=0.05, lr_decay=0.9, momentum=momentum,
+                             model_options=model_options)
+    # Dirichlet sizes: clients of several batch counts, most with a shorter last batch
+    dm = FederatedDataModule(dataset="digits", num_clients=5, batch_size=16, test_samples_per_client=20,
+                             max_train_samples=400)
+    trainer.fit(model, dm)
+    return trainer
+
+
+def _assert_same_run(a, b):
+    strip = [{k: v for k, v in m.items() if "wall" not in k} for m in a.history]
+    assert [{k: v for k, v in m.items() if "wall" not in k} for m in b.history] == strip
+    for node in range(5):
+        (wa, ma), (wb, mb) = a.store.published(node), b.store.published(node)
+        assert all(torch.equal(wa[n].view(torch.uint8), wb[n].view(torch.uint8)) for n in wa), node
+        assert all(torch.equal(ma[n], mb[n]) for n in ma), node
+
+
+@pytest.mark.parametrize("case", [
+    {"algorithm": lambda: DisPFL(num_neighbors=2)},
+    {"algorithm": lambda: DisPFL(num_neighbors=2), "momentum": 0.5},
+    {"algorithm": lambda: DADPFL(num_neighbors=2, max_wait=1), "store": "compact"},
+    {"algorithm": lambda: Local(), "arch": "resnet20", "local_epochs": 1},  # BatchNorm's running statistics
+    {"algorithm": lambda: Local(), "local_steps": 7},
+    {"algorithm": lambda: DisPFL(num_neighbors=2), "precision": "bf16-mixed", "rounds": 1},
+    {"algorithm": lambda: FedAvg(clients_per_round=3)},
+    {"algorithm": lambda: SubFedAvg(clients_per_round=3)},
+    {"algorithm": lambda: PSFL(clients_per_round=4, warmup_rounds=2), "rounds": 3, "local_epochs": 1},
+], ids=["dispfl", "momentum", "dadpfl-compact", "batchnorm", "local-steps", "bf16-mixed", "fedavg", "subfedavg",
+        "psfl"])
+def test_replayed_steps_give_the_ordinary_steps_results_bit_for_bit(simulated, case):
+    case = dict(case)
+    algorithm = case.pop("algorithm")
+    ordinary = _fit(algorithm(), False, **case)
+    graphed = _fit(algorithm(), True, **case)
+    _assert_same_run(ordinary, graphed)
+    counts = graphed.state.step_graphs.counts
+    assert counts["captured"] >= 1 and counts["replayed"] > counts["ordinary"], counts
+
+
+def test_a_new_learning_rate_is_captured_again_and_the_shapes_are_kept(simulated, caplog):
+    """The papers' schedule changes the learning rate every round: each round's first step runs as an ordinary
+    step and its shapes are captured again (a graph bakes the rate in); the warm-up is not repeated."""
+    with caplog.at_level("INFO"):
+        trainer = _fit(Local(), True, rounds=3, local_epochs=3)
+    counts = trainer.state.step_graphs.counts
+    shapes = len(trainer.state.step_graphs._seen)
+    assert counts["captured"] == 3 * shapes  # every shape once per round
+    assert counts["ordinary"] == 2 * shapes + 2  # the run's warm-up, and the first step of rounds 2 and 3
+    assert (f"CUDA graphs: {counts['replayed']} local steps replayed, {counts['captured']} captured, "
+            f"{counts['ordinary']} ordinary") in caplog.text
+
+
+def test_an_algorithm_with_its_own_loop_is_told_that_nothing_was_captured(simulated):
+    with pytest.warns(UserWarning, match="cuda_graphs: BEER took no step through the default local loop"):
+        trainer = _fit(BEER(num_neighbors=2, topology="ring", gamma=0.1), True, rounds=1)
+    assert trainer.state.step_graphs.counts == {"replayed": 0, "captured": 0, "ordinary": 0}
+
+
+def _module_and_optimizer():
+    module = SparseClassifier(arch="cnn_digits", density=0.5, num_classes=10, in_channels=1, image_size=8)
+    module.mask.attach()
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1, weight_decay=5e-4)
+    return module, optimizer
+
+
+def _step(module, optimizer):
+    def run(batch):
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(module.model(batch[0]), batch[1])
+        loss.backward()
+        optimizer.step()
+        module.mask.apply_()
+        return loss
+    return run
+
+
+def _batches(n, size=6):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(size, 1, 8, 8, generator=g), torch.randint(0, 10, (size,), generator=g)) for _ in range(n)]
+
+
+def test_a_replaced_mask_or_changed_rate_drops_the_graphs():
+    module, optimizer = _module_and_optimizer()
+    graphs = StepGraphs(SimulatedGraphs(), module, optimizer)
+    graphs.begin()
+    run = _step(module, optimizer)
+    for batch in _batches(5):
+        graphs.step(batch, run)
+    assert graphs.counts == {"replayed": 3, "captured": 1, "ordinary": 2}  # two warm-up steps, then captured
+    optimizer.param_groups[0]["lr"] = 0.05
+    graphs.step(_batches(1)[0], run)
+    assert graphs.counts["ordinary"] == 3 and not graphs._graphs
+    graphs.step(_batches(1)[0], run)  # the shape is warm: captured at once
+    assert graphs.counts["captured"] == 2
+    name = next(iter(module.mask.masks))
+    module.mask.masks[name] = module.mask.masks[name].clone()  # another object: another address
+    graphs.step(_batches(1)[0], run)  # the worker's addresses are taken when a task begins
+    assert graphs.counts["replayed"] == 5
+    graphs.begin()
+    graphs.step(_batches(1)[0], run)
+    assert graphs.counts["ordinary"] == 4 and not graphs._graphs
+    graphs.step(_batches(1, size=4)[0], run)  # a new shape: warmed up first
+    assert graphs.counts == {"replayed": 5, "captured": 2, "ordinary": 5}
+
+
+def test_the_simulator_replays_by_address_and_catches_what_a_gpu_would_get_wrong():
+    """The test double must fail where a CUDA graph would: a replaced tensor or a changed Python value is not seen
+    by a replay; a host read during a capture raises; a capture changes nothing."""
+    module, optimizer = _module_and_optimizer()
+    run = _step(module, optimizer)
+    x, y = torch.randn(6, 1, 8, 8), torch.randint(0, 10, (6,))
+    run((x, y))
+    before = [p.detach().clone() for p in module.parameters()]
+    graph = RecordedGraph()
+    graph.capture(lambda: run((x, y)))
+    assert all(torch.equal(a, p) for a, p in zip(before, module.parameters()))  # recorded, not run
+    reference_module, reference_optimizer = _module_and_optimizer()
+    reference_module.load_state_dict(module.state_dict())
+    reference = _step(reference_module, reference_optimizer)
+    for batch in _batches(3):
+        x.copy_(batch[0])
+        y.copy_(batch[1])
+        graph.replay()
+        reference(batch)
+    assert all(torch.equal(a, b) for a, b in zip(module.parameters(), reference_module.parameters()))
+    optimizer.param_groups[0]["lr"] = 0.01  # baked into the recording: a replay still steps with 0.1
+    reference_optimizer.param_groups[0]["lr"] = 0.01
+    graph.replay()
+    reference((x, y))
+    assert not all(torch.equal(a, b) for a, b in zip(module.parameters(), reference_module.parameters()))
+    with pytest.raises(RuntimeError, match="reads the device on the host"):
+        RecordedGraph().capture(lambda: bool(run((x, y)) > 0))
+
+
+class _Adam(Local):
+    def make_optimizer(self, module):
+        return torch.optim.Adam(module.parameters(), lr=1e-3)
+
+
+class _AfterBackward(FederatedCallback):
+    def on_after_backward(self, trainer, pl_module):
+        pass
+
+
+class _OwnBackwardHook(SparseClassifier):
+    def on_before_backward(self, loss):
+        pass
+
+
+@pytest.mark.parametrize("settings, model_class, match", [
+    ({"algorithm": Ditto(clients_per_round=3)}, SparseClassifier, "Ditto has its own loss"),
+    ({"algorithm": _Adam()}, SparseClassifier, "the optimizer is Adam; only SGD"),
+    ({"callbacks": [_AfterBackward()]}, SparseClassifier, "callback _AfterBackward defines on_after_backward"),
+    ({}, _OwnBackwardHook, "_OwnBackwardHook defines on_before_backward"),
+    ({"batched_clients": True}, SparseClassifier, "batched_clients trains clients with its own batched step"),
+])
+def test_what_a_graph_cannot_hold_is_refused_before_training(simulated, settings, model_class, match):
+    trainer = FederatedTrainer(rounds=1, accelerator="cpu", logger=False, enable_progress_bar=False, cuda_graphs=True,
+                               **{"algorithm": Local(), **settings})
+    model = model_class(arch="cnn_digits", density=0.5)
+    dm = FederatedDataModule(dataset="digits", num_clients=3, batch_size=16, max_train_samples=90)
+    with pytest.raises(ValueError, match=match):
+        trainer.fit(model, dm)
+    assert not trainer.history
+
+
+def test_sixteen_bit_mixed_precision_is_refused():
+    with pytest.raises(ValueError, match="precision '16-mixed' scales the loss"):
+        check_graphable(Local(), SparseClassifier(), torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1),
+                        "16-mixed", [], False)
+
+
+def test_cuda_graphs_on_a_cpu_is_refused_with_the_device_named():
+    trainer = FederatedTrainer(algorithm=Local(), rounds=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                               cuda_graphs=True)
+    dm = FederatedDataModule(dataset="digits", num_clients=3, batch_size=16, max_train_samples=90)
+    with pytest.raises(ValueError, match="cuda_graphs: true needs a CUDA GPU; this run's device is cpu"):
+        trainer.fit(SparseClassifier(arch="cnn_digits", density=0.5), dm)
+    with pytest.raises(ValueError, match="cuda_graphs must be"):
+        FederatedTrainer(cuda_graphs="yes")
