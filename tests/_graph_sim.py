@@ -7,8 +7,9 @@ whatever those addresses hold then. :class:`RecordedGraph` does the same with Py
 
 * capturing records each call with its arguments (the tensor objects, so their memory; the Python values as they
   were) and runs it, then restores every tensor that existed before the capture and was written by it (and the
-  random generator), so a capture has no effect, as on a GPU; reading the device's values on the host
-  (``.item()``, ``bool(tensor)``) raises, as it does during a CUDA capture;
+  random generator), so a capture has no effect, as on a GPU, and fills the tensors it made with NaN (-1, True):
+  on a GPU they hold nothing until a replay; reading the device's values on the host (``.item()``,
+  ``bool(tensor)``) raises, as it does during a CUDA capture;
 * replaying runs the recorded calls again on the recorded tensors: in-place calls write their tensors, other calls'
   results are copied into the tensors the capture produced (the graph's own memory), views are already bound.
 
@@ -86,6 +87,11 @@ class RecordedGraph(TorchDispatchMode):
         with torch.no_grad():
             for tensor, before in self._before.values():
                 tensor.copy_(before)
+            for _, _, _, fresh in self.calls:
+                for made in filter(None, fresh):
+                    for tensor in made:
+                        tensor.fill_(True if tensor.dtype == torch.bool else
+                                     float("nan") if tensor.is_floating_point() else -1)
         torch.set_rng_state(rng)
         self._before.clear()
 
@@ -106,9 +112,13 @@ class SimulatedGraphs:
 
     def __init__(self) -> None:
         self.graphs: list[RecordedGraph] = []
+        self.synchronizations = 0  # before graphs are dropped
 
     def side_stream(self) -> Any:
         return nullcontext()
+
+    def synchronize(self) -> None:
+        self.synchronizations += 1
 
     def capture(self, run: Any) -> Any:
         graph = RecordedGraph()

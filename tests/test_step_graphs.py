@@ -135,6 +135,7 @@ def test_a_replaced_mask_or_changed_rate_drops_the_graphs():
     optimizer.param_groups[0]["lr"] = 0.05
     graphs.step(_batches(1)[0], run)
     assert graphs.counts["ordinary"] == 3 and not graphs._graphs
+    assert graphs.backend.synchronizations == 1  # the device ran the graphs before they were dropped
     graphs.step(_batches(1)[0], run)  # the shape is warm: captured at once
     assert graphs.counts["captured"] == 2
     name = next(iter(module.mask.masks))
@@ -157,8 +158,10 @@ def test_the_simulator_replays_by_address_and_catches_what_a_gpu_would_get_wrong
     run((x, y))
     before = [p.detach().clone() for p in module.parameters()]
     graph = RecordedGraph()
-    graph.capture(lambda: run((x, y)))
+    losses = []
+    graph.capture(lambda: losses.append(run((x, y))))
     assert all(torch.equal(a, p) for a, p in zip(before, module.parameters()))  # recorded, not run
+    assert torch.isnan(losses[0])  # what a capture makes holds nothing until a replay
     reference_module, reference_optimizer = _module_and_optimizer()
     reference_module.load_state_dict(module.state_dict())
     reference = _step(reference_module, reference_optimizer)

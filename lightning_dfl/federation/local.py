@@ -50,7 +50,7 @@ def train_locally(algorithm: Algorithm, ctx: TaskContext) -> Tensor | float:
     """Run the local loop; return the mean training loss per sample as a 0-dim tensor on the worker's
     device, not waited for (:mod:`lightning_dfl.deferred`; NaN when no sample; not finite when training
     diverged: the executor then discards the update)."""
-    module, optimizer, graphs = ctx.module, ctx.optimizer, ctx.step_graphs
+    module, optimizer, graphs = ctx.module, ctx.optimizer, getattr(ctx, "step_graphs", None)  # None: a bare context
     module.train()
     if graphs is not None:
         graphs.begin()

@@ -21,9 +21,8 @@ place), so one graph serves every client of its shape. Python values are baked i
 (the worker's taken when a task's local training begins, :meth:`StepGraphs.begin`; the optimizer's state and
 settings before every step); when it differs from the last step's, every graph is dropped and that step runs as
 an ordinary one (SGD's momentum buffers are created by a task's first step), and the shapes are captured again
-from the next step on. So results are those of ordinary steps: the same kernels
-on the same values, bit for bit (checked on the CPU by replaying recorded operator calls,
-``tests/_graph_sim.py``).
+from the next step on. So results are those of ordinary steps: the same kernels on the same values, bit for bit
+(checked on the CPU by replaying recorded operator calls, ``tests/_graph_sim.py``).
 
 What a graph cannot hold is refused when the run starts (:func:`check_graphable`): an algorithm with its own
 ``loss`` or ``optimizer_step`` (its Python may read per-task values), callbacks or a module with hooks inside the
@@ -62,9 +61,15 @@ class CudaGraphs:
         """Run the block on the side stream, ordered after and before the current stream's work."""
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
-            yield
-        current.wait_stream(self.stream)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            current.wait_stream(self.stream)
+
+    def synchronize(self) -> None:
+        """Wait for the device (before graphs are destroyed: their memory must not be reused while they run)."""
+        torch.cuda.synchronize(self.device)
 
     def capture(self, run: Callable[[], None]) -> Callable[[], None]:
         """Record ``run``'s kernels (nothing runs) and return what replays them on the current stream.
@@ -72,7 +77,7 @@ class CudaGraphs:
         ``torch.cuda.graph`` would also collect Python's garbage and empty the cache before every capture; a round
         captures each of its ~100 shapes, so the capture is begun and ended directly."""
         graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(self.device)
+        self.synchronize()
         with self.side_stream():
             graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
             try:
@@ -138,11 +143,15 @@ class StepGraphs:
         self.counts = {"replayed": 0, "captured": 0, "ordinary": 0}
 
     def begin(self) -> None:
-        """A task's local training begins: take the worker's part of the signature (its parameters, buffers, mask
-        tensors and mode; ~0.2 ms for ResNet18, too slow for every step)."""
+        """A task's local training begins: take the worker's part of the signature (:meth:`worker_signature`)."""
+        self._worker = self.worker_signature()
+
+    def worker_signature(self) -> tuple:
+        """The worker's parameters, buffers and mask tensors (addresses) and its mode (~0.2 ms for ResNet18: taken
+        per task, not per step)."""
         tensors = list(self.module.model.state_dict(keep_vars=True).values())
         tensors += self.module.mask.tensors() if self.module.mask is not None else []
-        self._worker = (self.module.training, _addresses(tensors))
+        return (self.module.training, _addresses(tensors))
 
     def signature(self) -> tuple:
         """The addresses a graph depends on and the optimizer's settings it bakes in."""
@@ -152,7 +161,9 @@ class StepGraphs:
         return (self._worker, settings, _addresses(state))
 
     def reset(self) -> None:
-        """Drop every graph (their memory returns to the pool)."""
+        """Drop every graph once the device has run them (their memory returns to the pool)."""
+        if self._graphs:
+            self.backend.synchronize()
         self._graphs.clear()
 
     def step(self, batch: Any, run: Callable[[Any], Tensor]) -> Tensor:
@@ -190,9 +201,9 @@ class StepGraphs:
         losses: list[Tensor] = []
         self.optimizer.zero_grad(set_to_none=True)
         replay = self.backend.capture(lambda: losses.append(run(static_batch).detach()))
-        if self.signature() != self._signature:
+        if self.signature() != self._signature or self.worker_signature() != self._worker:  # e.g. new state
             raise RuntimeError("cuda_graphs: capturing a step changed the worker's tensors or the optimizer's "
-                               "settings; the step cannot be replayed")
+                               "state or settings; the step cannot be replayed")
         graph = self._graphs[shape] = (inputs, replay, losses[0])
         self.counts["captured"] += 1
         return graph
