@@ -19,7 +19,8 @@ from lightning_dfl.federation.algorithms import BEER, DADPFL, PSFL, DisPFL, Ditt
 from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
-from tests._graph_sim import RecordedGraph, SimulatedGraphs
+from _graph_sim import RecordedGraph, SimulatedGraphs
+from _helpers import Kill
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
 
@@ -38,7 +39,7 @@ def simulated(monkeypatch):
 
 
 def _fit(algorithm, cuda_graphs, rounds=2, local_epochs=2, momentum=0.0, arch="cnn_digits", model_options=None,
-         callbacks=None, **kw):
+         callbacks=None, ckpt_path=None, **kw):
     trainer = FederatedTrainer(algorithm=algorithm, rounds=rounds, local_epochs=None if kw.get("local_steps") else
                                local_epochs, seed=0, accelerator="cpu", logger=False, enable_progress_bar=False,
                                cuda_graphs=cuda_graphs, callbacks=callbacks, **kw)
@@ -47,7 +48,7 @@ def _fit(algorithm, cuda_graphs, rounds=2, local_epochs=2, momentum=0.0, arch="c
     # Dirichlet sizes: clients of several batch counts, most with a shorter last batch
     dm = FederatedDataModule(dataset="digits", num_clients=5, batch_size=16, test_samples_per_client=20,
                              max_train_samples=400)
-    trainer.fit(model, dm)
+    trainer.fit(model, dm, ckpt_path=None if ckpt_path is None else str(ckpt_path))
     return trainer
 
 
@@ -93,6 +94,18 @@ def test_a_new_learning_rate_is_captured_again_and_the_shapes_are_kept(simulated
     assert counts["ordinary"] == 2 * shapes + 2  # the run's warm-up, and the first step of rounds 2 and 3
     assert (f"CUDA graphs: {counts['replayed']} local steps replayed, {counts['captured']} captured, "
             f"{counts['ordinary']} ordinary") in caplog.text
+
+
+def test_a_run_resumed_with_graphs_finishes_as_the_straight_run_without(simulated, tmp_path):
+    """A checkpoint loads into the worker's tensors in place: a resumed run replays as before."""
+    straight = _fit(DisPFL(num_neighbors=2), False, rounds=3, local_epochs=1)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(DisPFL(num_neighbors=2), True, rounds=3, local_epochs=1, callbacks=[Kill(at_round=2)],
+             checkpoint_every=1, default_root_dir=str(tmp_path))
+    resumed = _fit(DisPFL(num_neighbors=2), True, rounds=3, local_epochs=1, default_root_dir=str(tmp_path),
+                   ckpt_path=next(tmp_path.rglob("last.ckpt")))
+    _assert_same_run(straight, resumed)
+    assert resumed.state.step_graphs.counts["replayed"] > 0
 
 
 def test_an_algorithm_with_its_own_loop_is_told_that_nothing_was_captured(simulated):
