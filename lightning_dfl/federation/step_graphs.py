@@ -116,7 +116,7 @@ def check_graphable(algorithm: Any, module: Any, optimizer: Any, precision: Any,
         if hooks:
             raise ValueError(f"cuda_graphs: callback {type(callback).__name__} defines {', '.join(hooks)}, which run "
                              "inside a step; a graph would run them once (set cuda_graphs false)")
-    if precision in ("16-mixed", "16"):
+    if precision in ("16-mixed", "16", 16):
         raise ValueError(f"cuda_graphs: precision {precision!r} scales the loss and reads the device to skip steps "
                          "with inf gradients; use 32-true or bf16-mixed")
     inner = getattr(optimizer, "optimizer", optimizer)

@@ -351,7 +351,7 @@ class FederatedTrainer:
         self.optimizer = self.fabric.setup_optimizers(self.algorithm.make_optimizer(model))
         if self.batched_clients:  # refused before the store is allocated
             check_batchable(self.algorithm, model, self.optimizer, self.precision, self.callbacks)
-        step_graphs = self._step_graphs(model) if self.cuda_graphs else None
+        graphs = self._step_graphs(model) if self.cuda_graphs else None
         # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
         plugin = self.fabric.strategy.precision
         self.convert_input = input_converter(None if isinstance(plugin, MixedPrecision) else plugin.convert_input,
@@ -377,7 +377,7 @@ class FederatedTrainer:
                 "memory_format": self.memory_format, "matmul_precision": self.matmul_precision,
                 **({"benchmark": self.benchmark} if self.benchmark is not None else {}),
                 "accelerator": self.fabric.device.type})
-        self.state.step_graphs = step_graphs
+        self.state.step_graphs = graphs
         self.executor = self._make_executor(self.state)
         self.algorithm.init_state(self.store, num_clients)
         for callback in self.callbacks:
