@@ -82,18 +82,20 @@ class RecordedGraph(TorchDispatchMode):
 
     def capture(self, run: Any) -> None:
         rng = torch.get_rng_state()
-        with self:
-            run()
-        with torch.no_grad():
-            for tensor, before in self._before.values():
-                tensor.copy_(before)
-            for _, _, _, fresh in self.calls:
-                for made in filter(None, fresh):
-                    for tensor in made:
-                        tensor.fill_(True if tensor.dtype == torch.bool else
-                                     float("nan") if tensor.is_floating_point() else -1)
-        torch.set_rng_state(rng)
-        self._before.clear()
+        try:
+            with self:
+                run()
+        finally:  # a capture that fails has run nothing either
+            with torch.no_grad():
+                for tensor, before in self._before.values():
+                    tensor.copy_(before)
+                for _, _, _, fresh in self.calls:
+                    for made in filter(None, fresh):
+                        for tensor in made:
+                            tensor.fill_(True if tensor.dtype == torch.bool else
+                                         float("nan") if tensor.is_floating_point() else -1)
+            torch.set_rng_state(rng)
+            self._before.clear()
 
     @torch.no_grad()
     def replay(self) -> None:

@@ -108,6 +108,28 @@ def test_a_run_resumed_with_graphs_finishes_as_the_straight_run_without(simulate
     assert resumed.state.step_graphs.counts["replayed"] > 0
 
 
+class _ReadsTheDevice(FederatedCallback):
+    """Puts a forward hook on the worker's model that reads a value on the host: a CUDA capture fails there."""
+
+    def setup(self, trainer, pl_module, stage):
+        pl_module.model.register_forward_hook(self.read)
+
+    @staticmethod
+    def read(module, args, out):
+        float(out.detach().sum())  # returns None: the output stays as it is
+
+
+def test_a_capture_that_fails_is_reported_and_the_run_goes_on_with_ordinary_steps(simulated):
+    ordinary = _fit(DisPFL(num_neighbors=2), False, callbacks=[_ReadsTheDevice()])
+    with pytest.warns(UserWarning, match=r"cuda_graphs: capturing a local step failed \(RuntimeError: .*reads the "
+                                         r"device on the host.*\); the run goes on with ordinary steps"):
+        graphed = _fit(DisPFL(num_neighbors=2), True, callbacks=[_ReadsTheDevice()])
+    _assert_same_run(ordinary, graphed)
+    graphs = graphed.state.step_graphs
+    assert graphs.failed and graphs.counts["captured"] == graphs.counts["replayed"] == 0
+    assert graphs.counts["ordinary"] > 2  # the warm-up, the step whose capture failed, and every later one
+
+
 def test_an_algorithm_with_its_own_loop_is_told_that_nothing_was_captured(simulated):
     with pytest.warns(UserWarning, match="cuda_graphs: BEER took no step through the default local loop"):
         trainer = _fit(BEER(num_neighbors=2, topology="ring", gamma=0.1), True, rounds=1)
@@ -208,11 +230,17 @@ class _OwnBackwardHook(SparseClassifier):
         pass
 
 
+class _OwnLoss(SparseClassifier):
+    def loss(self, batch):
+        return super().loss(batch) * 2
+
+
 @pytest.mark.parametrize("settings, model_class, match", [
     ({"algorithm": Ditto(clients_per_round=3)}, SparseClassifier, "Ditto has its own loss"),
     ({"algorithm": _Adam()}, SparseClassifier, "the optimizer is Adam; only SGD"),
     ({"callbacks": [_AfterBackward()]}, SparseClassifier, "callback _AfterBackward defines on_after_backward"),
     ({}, _OwnBackwardHook, "_OwnBackwardHook defines on_before_backward"),
+    ({}, _OwnLoss, "_OwnLoss has its own loss"),
     ({"batched_clients": True}, SparseClassifier, "batched_clients trains clients with its own batched step"),
 ])
 def test_what_a_graph_cannot_hold_is_refused_before_training(simulated, settings, model_class, match):

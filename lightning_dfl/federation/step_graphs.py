@@ -24,12 +24,14 @@ an ordinary one (SGD's momentum buffers are created by a task's first step), and
 from the next step on. So results are those of ordinary steps: the same kernels on the same values, bit for bit
 (checked on the CPU by replaying recorded operator calls, ``tests/_graph_sim.py``).
 
-What a graph cannot hold is refused when the run starts (:func:`check_graphable`): an algorithm with its own
-``loss`` or ``optimizer_step`` (its Python may read per-task values), callbacks or a module with hooks inside the
-step (``on_before_backward``, ``on_after_backward``, ``on_before_optimizer_step``), ``16-mixed`` (its gradient
-scaler reads the device), an optimizer other than SGD, batched clients, and a device other than a CUDA GPU. An
-algorithm whose ``local_train`` takes no step through :func:`~lightning_dfl.federation.local.train_locally` (BEER's
-one gradient-tracking iteration) gets a warning at the end of the run: nothing was captured.
+What a graph cannot hold is refused when the run starts (:func:`check_graphable`): an algorithm or a module
+with its own ``loss``, an algorithm with its own ``optimizer_step`` (their Python may read per-task values),
+callbacks or a module with hooks inside the step (``on_before_backward``, ``on_after_backward``,
+``on_before_optimizer_step``), ``16-mixed`` (its gradient scaler reads the device), an optimizer other than SGD,
+batched clients, and a device other than a CUDA GPU. A capture that fails all the same (a model whose forward
+reads the device, say) is reported in a warning, and the run goes on with ordinary steps. An algorithm whose
+``local_train`` takes no step through :func:`~lightning_dfl.federation.local.train_locally` (BEER's one
+gradient-tracking iteration) gets a warning at the end of the run: nothing was captured.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 #: ordinary steps of a batch shape before it is captured (the first in the run: cuDNN's search, lazy set-up)
@@ -100,12 +103,16 @@ def check_graphable(algorithm: Any, module: Any, optimizer: Any, precision: Any,
     from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
     from lightning_dfl.callbacks.base import defined_hooks
     from lightning_dfl.federation.algorithms.base import Algorithm
+    from lightning_dfl.module import SparseClassifier
 
     name = type(algorithm).__name__
     for hook in ("loss", "optimizer_step"):
         if getattr(type(algorithm), hook) is not getattr(Algorithm, hook):
             raise ValueError(f"cuda_graphs: {name} has its own {hook}, whose Python a graph would run once; only the "
                              "default step is captured (set cuda_graphs false)")
+    if type(module).loss is not SparseClassifier.loss:
+        raise ValueError(f"cuda_graphs: {type(module).__name__} has its own loss, whose Python a graph would run once; "
+                         "only the default step is captured (set cuda_graphs false)")
     overridden = [hook for hook in STEP_HOOKS if getattr(type(module), hook) is not getattr(LightningModule, hook)]
     if overridden:
         raise ValueError(f"cuda_graphs: {type(module).__name__} defines {', '.join(overridden)}, which run inside a "
@@ -139,6 +146,8 @@ class StepGraphs:
         self._worker: tuple = ()
         self._seen: dict[tuple, int] = {}  # ordinary steps per shape, whole run
         self._graphs: dict[tuple, tuple[list[Tensor], Callable[[], None], Tensor]] = {}
+        #: why capturing stopped (a capture failed: every later step is an ordinary one), or ``None``
+        self.failed: str | None = None
         #: steps replayed, captured and run as ordinary steps (for benchmarks and tests)
         self.counts = {"replayed": 0, "captured": 0, "ordinary": 0}
 
@@ -169,6 +178,9 @@ class StepGraphs:
     def step(self, batch: Any, run: Callable[[Any], Tensor]) -> Tensor:
         """One local step on ``batch``: ``run(batch)`` (the algorithm's step, returning the loss) as an ordinary
         step or replayed from its shape's graph; returns the loss (a tensor of its own)."""
+        if self.failed is not None:
+            self.counts["ordinary"] += 1
+            return run(batch).detach()
         signature = self.signature()
         if signature != self._signature:  # new addresses or settings: no graph is valid, nor is capturing now
             self.reset()
@@ -180,6 +192,8 @@ class StepGraphs:
             if self._seen.get(shape, 0) < WARMUP_STEPS:
                 return self._ordinary(batch, run, shape)
             graph = self._capture(batch, run, shape)
+            if graph is None:  # the capture failed: this step runs as an ordinary one, as every later one
+                return self.step(batch, run)
         inputs, replay, loss = graph
         for static, value in zip(inputs, _tensors(batch)):
             static.copy_(value)
@@ -194,13 +208,22 @@ class StepGraphs:
         self.counts["ordinary"] += 1
         return loss
 
-    def _capture(self, batch: Any, run: Callable[[Any], Tensor], shape: tuple) -> tuple:
+    def _capture(self, batch: Any, run: Callable[[Any], Tensor], shape: tuple) -> tuple | None:
+        """Capture ``run`` for ``shape`` (``None`` when capturing failed: :attr:`failed` says why, in a warning)."""
         values = _tensors(batch)
         inputs = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device).copy_(v) for v in values]
         static_batch = _replace_tensors(batch, iter(inputs))
         losses: list[Tensor] = []
         self.optimizer.zero_grad(set_to_none=True)
-        replay = self.backend.capture(lambda: losses.append(run(static_batch).detach()))
+        try:
+            replay = self.backend.capture(lambda: losses.append(run(static_batch).detach()))
+        except RuntimeError as error:  # nothing ran: the step is still to be taken
+            self.failed = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            self.reset()
+            self.optimizer.zero_grad(set_to_none=True)  # no gradient of the capture's memory is left behind
+            rank_zero_warn(f"cuda_graphs: capturing a local step failed ({self.failed}); the run goes on with "
+                           "ordinary steps")
+            return None
         if self.signature() != self._signature or self.worker_signature() != self._worker:  # e.g. new state
             raise RuntimeError("cuda_graphs: capturing a step changed the worker's tensors or the optimizer's "
                                "state or settings; the step cannot be replayed")
