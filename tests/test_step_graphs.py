@@ -10,6 +10,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from _graph_sim import RecordedGraph, SimulatedGraphs
+from _helpers import Kill
 from torch import nn
 
 from lightning_dfl.callbacks.base import FederatedCallback
@@ -19,8 +21,6 @@ from lightning_dfl.federation.algorithms import BEER, DADPFL, PSFL, DisPFL, Ditt
 from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
-from _graph_sim import RecordedGraph, SimulatedGraphs
-from _helpers import Kill
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
 
