@@ -5,8 +5,8 @@ row by row, to ``benchmarks/results/gpu_check.md`` or ``--out``); checks that wo
 ``--budget-s`` seconds are listed as skipped:
 
 1. the README's main job (DisPFL on digits) on the GPU, then ``step_time.py``: a ResNet18 step (NCHW and
-   channels-last, ordinary and replayed from a CUDA graph) against the batched executor's step of 8 and 32
-   clients, per client step;
+   channels-last, ordinary and replayed from a CUDA graph, fp32 and bf16: without the launches, does bf16 pay?)
+   against the batched executor's step of 8 and 32 clients, per client step;
 1a. ``cuda_graphs: true`` (``graphs``): K = 10 ``cnn_cifar``, 3 rounds, with and without graphs (the accuracies
    must be equal), then two rounds of the papers' ResNet18 setting with graphs (the second is what later rounds
    cost: the first warms every batch shape up);
@@ -184,7 +184,7 @@ def main() -> None:
     if "steps" in args.checks and report.time_left(60, "step_time.py"):
         steps = script_table(report, "step_time.py", [
             "--device", args.device, "--settings", "nchw-fp32", "cl-fp32", "cl-fp32-heuristics", "cl-fp32-graphed",
-            "cl-fp32-heuristics-graphed", "--batched",
+            "cl-fp32-heuristics-graphed", "cl-bf16-graphed", "--batched",
             *(["2", "--steps", "2", "--warmup", "1", "--batch", "16"] if args.quick else
               ["8", "32", "--steps", "10", "--warmup", "3"])], "| setting", 180)
     if root is None:
