@@ -133,3 +133,21 @@ def test_step_time_times_the_batched_executors_own_training():
 
     script = _script("step_time")
     assert script.time_batched(2, "cnn_cifar", torch.device("cpu"), batch=4, steps=1, warmup=1) > 0
+
+
+def test_step_time_times_steps_replayed_from_graphs(monkeypatch):
+    """step_time.py's ``-graphed`` settings replay the step through StepGraphs (here through the CPU stand-in for
+    CUDA graphs): the timed steps are replays of one captured graph."""
+    import torch
+    from _graph_sim import SimulatedGraphs
+
+    from lightning_dfl.federation import step_graphs
+
+    backends = []
+    monkeypatch.setattr(step_graphs, "graph_backend", lambda device: backends.append(SimulatedGraphs()) or backends[-1])
+    script = _script("step_time")
+    assert script.time_setting("cl-fp32-graphed", "resnet18", torch.device("cpu"), batch=2, steps=2, warmup=1) > 0
+    assert len(backends) == 1 and len(backends[0].graphs) == 1
+    monkeypatch.setattr(step_graphs, "graph_backend", lambda device: None)
+    with pytest.raises(ValueError, match="a CUDA graph needs a CUDA GPU, not cpu"):
+        script.time_setting("cl-fp32-graphed", "resnet18", torch.device("cpu"), batch=2, steps=1, warmup=1)

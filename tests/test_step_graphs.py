@@ -184,6 +184,23 @@ def test_a_replaced_mask_or_changed_rate_drops_the_graphs():
     assert graphs.counts == {"replayed": 5, "captured": 2, "ordinary": 5}
 
 
+def test_tensors_made_after_a_task_began_are_seen_before_a_capture():
+    """Mask casts dropped (``mask.to``) after the task began are made again by its first step: the worker's addresses
+    are taken again before capturing, so the capture reads the new ones."""
+    module, optimizer = _module_and_optimizer()
+    graphs = StepGraphs(SimulatedGraphs(), module, optimizer)
+    graphs.begin()
+    module.mask.to("cpu")  # the casts go, and come back at the next step
+    run = _step(module, optimizer)
+    reference_module, reference_optimizer = _module_and_optimizer()
+    reference = _step(reference_module, reference_optimizer)
+    for batch in _batches(5):
+        graphs.step(batch, run)
+        reference(batch)
+    assert graphs.counts == {"replayed": 2, "captured": 1, "ordinary": 3}
+    assert all(torch.equal(a, b) for a, b in zip(module.parameters(), reference_module.parameters()))
+
+
 def test_the_simulator_replays_by_address_and_catches_what_a_gpu_would_get_wrong():
     """The test double must fail where a CUDA graph would: a replaced tensor or a changed Python value is not seen
     by a replay; a host read during a capture raises; a capture changes nothing."""

@@ -18,8 +18,8 @@ A graph reads and writes tensors by address. The worker's parameters, buffers, m
 and optimizer state stay at their addresses across tasks (a client's weights and mask are copied in, in
 place), so one graph serves every client of its shape. Python values are baked into a graph: the learning rate
 (which the papers' schedule changes every round), weight decay, momentum. The *signature* holds those addresses
-(the worker's taken when a task's local training begins, :meth:`StepGraphs.begin`; the optimizer's state and
-settings before every step); when it differs from the last step's, every graph is dropped and that step runs as
+(the worker's taken when a task's local training begins, :meth:`StepGraphs.begin`, and again before a capture;
+the optimizer's state and settings before every step); when it differs from the last step's, every graph is dropped and that step runs as
 an ordinary one (SGD's momentum buffers are created by a task's first step), and the shapes are captured again
 from the next step on. So results are those of ordinary steps: the same kernels on the same values, bit for bit
 (checked on the CPU by replaying recorded operator calls, ``tests/_graph_sim.py``).
@@ -190,6 +190,12 @@ class StepGraphs:
         graph = self._graphs.get(shape)
         if graph is None:
             if self._seen.get(shape, 0) < WARMUP_STEPS:
+                return self._ordinary(batch, run, shape)
+            worker = self.worker_signature()
+            if worker != self._worker:  # changed since the task began (a mask cast made by its first step, say)
+                self._worker = worker
+                self._signature = self.signature()
+                self.reset()
                 return self._ordinary(batch, run, shape)
             graph = self._capture(batch, run, shape)
             if graph is None:  # the capture failed: this step runs as an ordinary one, as every later one
