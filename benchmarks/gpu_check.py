@@ -183,8 +183,8 @@ def main() -> None:
     steps = NOT_RUN
     if "steps" in args.checks and report.time_left(60, "step_time.py"):
         steps = script_table(report, "step_time.py", [
-            "--device", args.device, "--settings", "nchw-fp32", "cl-fp32", "cl-fp32-heuristics", "cl-fp32-graphed",
-            "cl-fp32-heuristics-graphed", "cl-bf16-graphed", "--batched",
+            "--device", args.device, "--settings", "nchw-fp32", "cl-fp32", "cl-fp32-heuristics", "nchw-fp32-graphed",
+            "cl-fp32-graphed", "cl-fp32-heuristics-graphed", "cl-bf16-graphed", "--batched",
             *(["2", "--steps", "2", "--warmup", "1", "--batch", "16"] if args.quick else
               ["8", "32", "--steps", "10", "--warmup", "3"])], "| setting", 180)
     if root is None:
