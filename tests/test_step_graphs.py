@@ -108,6 +108,27 @@ def test_a_run_resumed_with_graphs_finishes_as_the_straight_run_without(simulate
     assert resumed.state.step_graphs.counts["replayed"] > 0
 
 
+class _GradientNorms(FederatedCallback):
+    """Reads every step's gradients after the step (``on_train_batch_end``, which runs outside a graph)."""
+
+    def __init__(self):
+        self.norms = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.norms.append(torch.stack([p.grad.norm() for p in pl_module.parameters() if p.grad is not None]))
+
+
+def test_after_a_replayed_step_the_gradients_are_that_steps(simulated):
+    """Each graph writes its own gradient tensors: after a replay ``param.grad`` is pointed at them, as an ordinary
+    step leaves them (a callback reading them after the step sees this step's, whatever graph ran before)."""
+    ordinary, graphed = _GradientNorms(), _GradientNorms()
+    _fit(DisPFL(num_neighbors=2), False, callbacks=[ordinary])
+    trainer = _fit(DisPFL(num_neighbors=2), True, callbacks=[graphed])
+    assert trainer.state.step_graphs.counts["replayed"] > 10 and len(trainer.state.step_graphs._seen) > 2
+    assert len(ordinary.norms) == len(graphed.norms)
+    assert all(torch.equal(a, b) for a, b in zip(ordinary.norms, graphed.norms))
+
+
 class _ReadsTheDevice(FederatedCallback):
     """Puts a forward hook on the worker's model that reads a value on the host: a CUDA capture fails there."""
 
