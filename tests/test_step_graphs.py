@@ -305,3 +305,14 @@ def test_cuda_graphs_on_a_cpu_is_refused_with_the_device_named():
         trainer.fit(SparseClassifier(arch="cnn_digits", density=0.5), dm)
     with pytest.raises(ValueError, match="cuda_graphs must be"):
         FederatedTrainer(cuda_graphs="yes")
+
+
+def test_the_cuda_graph_calls_exist_in_this_torch():
+    """What :class:`CudaGraphs` calls, checked against this torch's API (no GPU here to call it)."""
+    import inspect
+
+    assert {"pool", "capture_error_mode"} <= set(inspect.signature(torch.cuda.CUDAGraph.capture_begin).parameters)
+    assert all(callable(getattr(torch.cuda.CUDAGraph, name)) for name in ("capture_end", "replay"))
+    assert all(callable(getattr(torch.cuda, name)) for name in ("graph_pool_handle", "current_stream", "stream",
+                                                                "synchronize", "Stream"))
+    assert step_graphs.graph_backend(torch.device("cpu")) is None
