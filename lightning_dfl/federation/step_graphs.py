@@ -22,7 +22,12 @@ place), so one graph serves every client of its shape. Python values are baked i
 the optimizer's state and settings before every step); when it differs from the last step's, every graph is dropped and that step runs as
 an ordinary one (SGD's momentum buffers are created by a task's first step), and the shapes are captured again
 from the next step on. So results are those of ordinary steps: the same kernels on the same values, bit for bit
-(checked on the CPU by replaying recorded operator calls, ``tests/_graph_sim.py``).
+(checked on the CPU by replaying recorded operator calls, ``tests/_graph_sim.py``). After a replay each
+parameter's ``.grad`` is the gradient its graph wrote, as after an ordinary step.
+
+Memory: the graphs share one pool, where a capture reuses what earlier captures freed (their activations);
+each graph keeps its own gradients (the model's size: ~45 MB for ResNet18, so ~4.5 GB for the ~100 shapes of
+the papers' partition) until the graphs are dropped.
 
 What a graph cannot hold is refused when the run starts (:func:`check_graphable`): an algorithm or a module
 with its own ``loss``, an algorithm with its own ``optimizer_step`` (their Python may read per-task values),
