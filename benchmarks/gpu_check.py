@@ -207,8 +207,8 @@ def main() -> None:
     resnet_name = "ResNet18, 4 clients, E=1" if args.quick else "ResNet18, 100 clients, E=5, one round"
     # 0a. CUDA graphs: the same results as ordinary steps (on a CUDA GPU only), then the papers' round with them
     if "graphs" in args.checks and report.time_left(60, "K=10 with / without cuda_graphs"):
-        plain = fit(out, "K=10, ordinary steps", config, *k10)
-        graphed = fit(out, "K=10, cuda_graphs", config, *k10, "--trainer.cuda_graphs", "true")
+        plain = fit(out, "K=10, ordinary steps", config, *k10, timeout=120)
+        graphed = fit(out, "K=10, cuda_graphs", config, *k10, "--trainer.cuda_graphs", "true", timeout=120)
         same = graphed["ok"] and plain["ok"] and accuracies(graphed) == accuracies(plain)
         speed = f"{per_round(plain) / per_round(graphed):.2f} x ordinary; " if plain["ok"] and graphed["ok"] else ""
         report.add(row(plain), row(graphed, speed + ("accuracies equal the ordinary run's" if same else
