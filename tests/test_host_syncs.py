@@ -11,9 +11,11 @@ import traceback
 
 import pytest
 import torch
+from _graph_sim import SimulatedGraphs
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.deferred import device_paths_on_cpu, read_values
+from lightning_dfl.federation import step_graphs
 from lightning_dfl.federation.algorithms import DisPFL
 from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.trainer import FederatedTrainer
@@ -59,12 +61,12 @@ class HostReads:
         return sum(self.where.values())
 
 
-def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth="random"):
+def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth="random", cuda_graphs=False):
     """A DisPFL run on digits (random regrowth unless said); with ``count``, the host reads of client 1's round-1 task."""
     dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=batch_size, test_samples_per_client=40)
     trainer = FederatedTrainer(DisPFL(num_neighbors=2, regrowth=regrowth), rounds=rounds, local_epochs=1,
                                accelerator="cpu", logger=False, enable_progress_bar=False, diagnostics=False,
-                               default_root_dir=str(tmp_path), store=store)
+                               default_root_dir=str(tmp_path), store=store, cuda_graphs=cuda_graphs)
     if count is not None:
         run_task = SerialExecutor.run_task
 
@@ -96,14 +98,19 @@ TASK_READS = {"dense": ["executor.py", "masks.py", "masks.py"],
               "compact": ["compact_state.py", "compact_state.py", "compact_state.py", "executor.py", "masks.py"]}
 
 
-@pytest.mark.parametrize("store", ["dense", "compact"])
-def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypatch, tmp_path, store):
+@pytest.mark.parametrize("store, cuda_graphs", [("dense", False), ("compact", False), ("dense", True)])
+def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypatch, tmp_path, store, cuda_graphs):
+    """Also with its steps replayed from graphs (``cuda_graphs``, through the CPU stand-in ``tests/_graph_sim.py``)."""
+    monkeypatch.setattr(step_graphs, "graph_backend", lambda device: SimulatedGraphs())
     counts = {}
     for batch_size in (64, 8):  # 4-5 vs 30+ training batches, 1 vs 1 evaluation batch
         reads = HostReads(monkeypatch)
         with device_paths_on_cpu():
-            _fit(tmp_path / str(batch_size), batch_size=batch_size, count=reads, store=store)
+            trainer = _fit(tmp_path / str(batch_size), batch_size=batch_size, count=reads, store=store,
+                           cuda_graphs=cuda_graphs)
         counts[batch_size] = reads
+        if cuda_graphs:
+            assert trainer.state.step_graphs.counts["replayed"] > 0
     few, many = counts[64], counts[8]
     assert few.total == many.total, (few.where, many.where)  # nothing per batch, nothing per layer
     assert sorted(where.split(":")[0] for (_, where), n in many.where.items() for _ in range(n)) == \
