@@ -84,7 +84,9 @@ def time_setting(name: str, arch: str, device: torch.device, batch: int, steps: 
             raise ValueError(f"a CUDA graph needs a CUDA GPU, not {device}")
         graphs = step_graphs.StepGraphs(backend, module, optimizer)
         graphs.begin()
-        warmup = max(warmup, step_graphs.WARMUP_STEPS + 1)  # timed steps are replays
+        # timed steps are replays: the warm-up, one more as the mask's casts made by the first step move the worker's
+        # addresses, then the capture
+        warmup = max(warmup, step_graphs.WARMUP_STEPS + 2)
 
     def step() -> None:
         if graphs is None:
