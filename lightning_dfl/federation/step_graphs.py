@@ -105,7 +105,6 @@ def check_graphable(algorithm: Any, module: Any, optimizer: Any, precision: Any,
     """Raise ``ValueError`` naming the reason unless the run's local steps can be captured (module docstring)."""
     from lightning.pytorch import LightningModule
 
-    from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
     from lightning_dfl.callbacks.base import defined_hooks
     from lightning_dfl.federation.algorithms.base import Algorithm
     from lightning_dfl.module import SparseClassifier
@@ -122,9 +121,8 @@ def check_graphable(algorithm: Any, module: Any, optimizer: Any, precision: Any,
     if overridden:
         raise ValueError(f"cuda_graphs: {type(module).__name__} defines {', '.join(overridden)}, which run inside a "
                          "step; a graph would run them once (set cuda_graphs false)")
-    harmless = (RigL, PQIPruning, PruningTimeVoting)  # their batch hooks do nothing in a federation
-    for callback in callbacks:
-        hooks = [] if isinstance(callback, harmless) else defined_hooks(callback, STEP_HOOKS)
+    for callback in callbacks:  # the project's own (RigL, PQI, voting) define none of them
+        hooks = defined_hooks(callback, STEP_HOOKS)
         if hooks:
             raise ValueError(f"cuda_graphs: callback {type(callback).__name__} defines {', '.join(hooks)}, which run "
                              "inside a step; a graph would run them once (set cuda_graphs false)")
