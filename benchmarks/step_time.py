@@ -68,14 +68,16 @@ def time_setting(name: str, arch: str, device: torch.device, batch: int, steps: 
     labels = torch.randint(0, 10, (batch,), device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
-    def run(batch: tuple) -> torch.Tensor:
+    def backward(batch: tuple) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             loss = F.cross_entropy(runner(batch[0]), batch[1])
         loss.backward()
+        return loss
+
+    def update() -> None:
         optimizer.step()
         module.mask.apply_()
-        return loss
 
     graphs = None
     if graphed:
@@ -90,9 +92,10 @@ def time_setting(name: str, arch: str, device: torch.device, batch: int, steps: 
 
     def step() -> None:
         if graphs is None:
-            run((images, labels))
+            backward((images, labels))
+            update()
         else:
-            graphs.step((images, labels), run)
+            graphs.step((images, labels), backward, update)
 
     def sync() -> None:
         if device.type == "cuda":

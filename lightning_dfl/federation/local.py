@@ -7,7 +7,7 @@ the closure once and steps the optimizer (SAM-like algorithms run it twice). Cal
 Lightning's epoch and batch hooks. The mask's hooks zero the gradients of inactive weights, and
 Fabric calls the module's ``on_after_optimizer_step``, which re-masks the weights. With the trainer's
 ``cuda_graphs`` a step is replayed from a CUDA graph of its batch shape
-(:class:`~lightning_dfl.federation.step_graphs.StepGraphs`).
+(:class:`~lightning_dfl.federation.step_graphs.StepGraphs`): the closure is replayed, the optimizer steps as usual.
 """
 
 from __future__ import annotations
@@ -57,12 +57,15 @@ def train_locally(algorithm: Algorithm, ctx: TaskContext) -> Tensor | float:
     loss_sum: Tensor | None = None
     count = 0
 
-    def step(batch: Any) -> Tensor:
-        return algorithm.optimizer_step(ctx, _closure(algorithm, ctx, batch))  # the closure zeroes the gradients
+    def backward(batch: Any) -> Tensor:  # with graphs (the algorithm's optimizer_step is the default: closure, step)
+        return _closure(algorithm, ctx, batch)()
 
     for _, batch_idx, batch in _batches(ctx):
         ctx.call("on_train_batch_start", batch, batch_idx)
-        loss = step(batch) if graphs is None else graphs.step(batch, step)
+        if graphs is None:
+            loss = algorithm.optimizer_step(ctx, _closure(algorithm, ctx, batch))  # the closure zeroes the gradients
+        else:
+            loss = graphs.step(batch, backward, optimizer.step)
         ctx.call("on_train_batch_end", loss.detach(), batch, batch_idx)
         n = int(batch[1].shape[0])
         weighted = loss.detach().to(accumulator_dtype(loss.device)) * n

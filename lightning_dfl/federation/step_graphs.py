@@ -2,40 +2,41 @@
 
 A masked ResNet18 step of batch 128 launches ~775 kernels; on an H200 it took 10-12 ms in every precision and
 layout (README "Performance"): the host's dispatch of the kernels, not the GPU's arithmetic, set the pace. A CUDA
-graph (:class:`torch.cuda.CUDAGraph`) records the kernels of one whole step (the closure's zeroing, forward,
-loss, backward with the mask's gradient hooks, the optimizer's step and the re-masking after it) and replays
-them with one launch.
+graph (:class:`torch.cuda.CUDAGraph`) records the kernels of a step's closure (the zeroing, forward, loss and
+backward with the mask's gradient hooks) and replays them with one launch; the optimizer's update and the
+re-masking after it (a few multi-tensor kernels) run as usual after the replay, so the learning rate (which the
+papers' schedule changes every round), the optimizer's settings and its state (momentum buffers, made by a task's
+first step) are read afresh at every step, and any ``torch.optim`` optimizer can be used.
 
 How a step runs (:meth:`StepGraphs.step`), per batch *shape* (a client's last batch is shorter):
 
 1. the first :data:`WARMUP_STEPS` steps of a shape in the run are ordinary steps, on a side stream as PyTorch's
    CUDA-graph notes ask (cuDNN's algorithm search and lazy initialisation happen there, not in a capture);
-2. the next is captured, reading its batch from static input buffers, and replayed at once (a capture records,
-   it does not run);
-3. every later step of that shape copies its batch into the buffers and replays.
+2. the next closure is captured, reading its batch from static input buffers, and replayed at once (a capture
+   records, it does not run), then the optimizer steps;
+3. every later step of that shape copies its batch into the buffers, replays and steps.
 
-A graph reads and writes tensors by address. The worker's parameters, buffers, masks (and their float casts)
-and optimizer state stay at their addresses across tasks (a client's weights and mask are copied in, in
-place), so one graph serves every client of its shape. Python values are baked into a graph: the learning rate
-(which the papers' schedule changes every round), weight decay, momentum. The *signature* holds those addresses
-(the worker's taken when a task's local training begins, :meth:`StepGraphs.begin`, and again before a capture;
-the optimizer's state and settings before every step); when it differs from the last step's, every graph is dropped and that step runs as
-an ordinary one (SGD's momentum buffers are created by a task's first step), and the shapes are captured again
-from the next step on. So results are those of ordinary steps: the same kernels on the same values, bit for bit
-(checked on the CPU by replaying recorded operator calls, ``tests/_graph_sim.py``). After a replay each
-parameter's ``.grad`` is the gradient its graph wrote, as after an ordinary step.
+A graph reads and writes tensors by address. The worker's parameters, buffers and masks (and their float casts)
+stay at their addresses across tasks and rounds (a client's weights and mask are copied in, in place), so one
+graph serves every client of its shape for the whole run: ~100 captures for the papers' partition, once. Those
+addresses and the worker's mode are the *signature*, taken when a task's local training begins
+(:meth:`StepGraphs.begin`) and again before a capture; when it differs from the last step's, every graph is
+dropped and that step runs as an ordinary one, and the shapes are captured again from the next step on. So results
+are those of ordinary steps: the same kernels on the same values, bit for bit (checked on the CPU by replaying
+recorded operator calls, ``tests/_graph_sim.py``). After a replay each parameter's ``.grad`` is the gradient its
+graph wrote, as after an ordinary step.
 
 Memory: the graphs share one pool, where a capture reuses what earlier captures freed (their activations);
 each graph keeps its own gradients (the model's size: ~45 MB for ResNet18, so ~4.5 GB for the ~100 shapes of
 the papers' partition) until the graphs are dropped.
 
 What a graph cannot hold is refused when the run starts (:func:`check_graphable`): an algorithm or a module
-with its own ``loss``, an algorithm with its own ``optimizer_step`` (their Python may read per-task values),
-callbacks or a module with hooks inside the step (``on_before_backward``, ``on_after_backward``,
-``on_before_optimizer_step``), ``16-mixed`` (its gradient scaler reads the device), an optimizer other than SGD,
-batched clients, and a device other than a CUDA GPU. A capture that fails all the same (a model whose forward
-reads the device, say) is reported in a warning, and the run goes on with ordinary steps. An algorithm whose
-``local_train`` takes no step through :func:`~lightning_dfl.federation.local.train_locally` (BEER's one
+with its own ``loss``, an algorithm with its own ``optimizer_step`` (their Python may read per-task values, or
+run the closure twice), callbacks or a module with hooks inside the step (``on_before_backward``,
+``on_after_backward``, ``on_before_optimizer_step``), ``16-mixed`` (its gradient scaler's state is not checked
+here), batched clients, and a device other than a CUDA GPU. A capture that fails all the same (a model whose
+forward reads the device, say) is reported in a warning, and the run goes on with ordinary steps. An algorithm
+whose ``local_train`` takes no step through :func:`~lightning_dfl.federation.local.train_locally` (BEER's one
 gradient-tracking iteration) gets a warning at the end of the run: nothing was captured.
 """
 
@@ -100,8 +101,7 @@ def graph_backend(device: torch.device) -> Any:
     return CudaGraphs(device) if device.type == "cuda" else None
 
 
-def check_graphable(algorithm: Any, module: Any, optimizer: Any, precision: Any, callbacks: list[Any],
-                    batched: bool) -> None:
+def check_graphable(algorithm: Any, module: Any, precision: Any, callbacks: list[Any], batched: bool) -> None:
     """Raise ``ValueError`` naming the reason unless the run's local steps can be captured (module docstring)."""
     from lightning.pytorch import LightningModule
 
@@ -127,11 +127,8 @@ def check_graphable(algorithm: Any, module: Any, optimizer: Any, precision: Any,
             raise ValueError(f"cuda_graphs: callback {type(callback).__name__} defines {', '.join(hooks)}, which run "
                              "inside a step; a graph would run them once (set cuda_graphs false)")
     if precision in ("16-mixed", "16", 16):
-        raise ValueError(f"cuda_graphs: precision {precision!r} scales the loss and reads the device to skip steps "
-                         "with inf gradients; use 32-true or bf16-mixed")
-    inner = getattr(optimizer, "optimizer", optimizer)
-    if type(inner) is not torch.optim.SGD:
-        raise ValueError(f"cuda_graphs: the optimizer is {type(inner).__name__}; only SGD's step is captured")
+        raise ValueError(f"cuda_graphs: precision {precision!r} scales the loss with a gradient scaler, which is not "
+                         "supported with graphs; use 32-true or bf16-mixed")
     if batched:
         raise ValueError("cuda_graphs: batched_clients trains clients with its own batched step, which is not "
                          "captured; set one of them false")
@@ -145,8 +142,8 @@ class StepGraphs:
         self.backend = backend
         self.module = module
         self.optimizer = getattr(optimizer, "optimizer", optimizer)
-        self._signature: tuple | None = None
-        self._worker: tuple = ()
+        self._signature: tuple | None = None  # the worker's, when the graphs were made
+        self._worker: tuple = ()  # the worker's, when the task began
         self._seen: dict[tuple, int] = {}  # ordinary steps per shape, whole run
         #: by shape: (static inputs, replay, static loss, each parameter with the gradient tensor its graph writes)
         self._graphs: dict[tuple, tuple[list[Tensor], Callable[[], None], Tensor, list[tuple[Tensor, Any]]]] = {}
@@ -156,7 +153,7 @@ class StepGraphs:
         self.counts = {"replayed": 0, "captured": 0, "ordinary": 0}
 
     def begin(self) -> None:
-        """A task's local training begins: take the worker's part of the signature (:meth:`worker_signature`)."""
+        """A task's local training begins: take the worker's signature (:meth:`worker_signature`)."""
         self._worker = self.worker_signature()
 
     def worker_signature(self) -> tuple:
@@ -166,69 +163,67 @@ class StepGraphs:
         tensors += self.module.mask.tensors() if self.module.mask is not None else []
         return (self.module.training, _addresses(tensors))
 
-    def signature(self) -> tuple:
-        """The addresses a graph depends on and the optimizer's settings it bakes in."""
-        state = [v for values in self.optimizer.state.values() for v in values.values() if isinstance(v, Tensor)]
-        settings = tuple(tuple((k, v.data_ptr() if isinstance(v, Tensor) else v) for k, v in group.items()
-                               if k != "params") for group in self.optimizer.param_groups)
-        return (self._worker, settings, _addresses(state))
-
     def reset(self) -> None:
         """Drop every graph once the device has run them (their memory returns to the pool)."""
         if self._graphs:
             self.backend.synchronize()
         self._graphs.clear()
 
-    def step(self, batch: Any, run: Callable[[Any], Tensor]) -> Tensor:
-        """One local step on ``batch``: ``run(batch)`` (the algorithm's step, returning the loss) as an ordinary
-        step or replayed from its shape's graph; returns the loss (a tensor of its own)."""
+    def step(self, batch: Any, backward: Callable[[Any], Tensor], update: Callable[[], Any]) -> Tensor:
+        """One local step on ``batch``: ``backward(batch)`` (the closure: zero the gradients, compute and
+        back-propagate the loss, return it) as an ordinary step or replayed from its shape's graph, then
+        ``update()`` (the optimizer's step); returns the loss (a tensor of its own)."""
         if self.failed is not None:
             self.counts["ordinary"] += 1
-            return run(batch).detach()
-        signature = self.signature()
-        if signature != self._signature:  # new addresses or settings: no graph is valid, nor is capturing now
+            loss = backward(batch).detach()
+            update()
+            return loss
+        if self._worker != self._signature:  # new addresses or mode: no graph is valid, nor is capturing now
             self.reset()
-            self._signature = signature
-            return self._ordinary(batch, run, _shape(batch))
+            self._signature = self._worker
+            return self._ordinary(batch, backward, update, _shape(batch))
         shape = _shape(batch)
         graph = self._graphs.get(shape)
         if graph is None:
             if self._seen.get(shape, 0) < WARMUP_STEPS:
-                return self._ordinary(batch, run, shape)
+                return self._ordinary(batch, backward, update, shape)
             worker = self.worker_signature()
             if worker != self._worker:  # changed since the task began (a mask cast made by its first step, say)
-                self._worker = worker
-                self._signature = self.signature()
+                self._worker = self._signature = worker
                 self.reset()
-                return self._ordinary(batch, run, shape)
-            graph = self._capture(batch, run, shape)
+                return self._ordinary(batch, backward, update, shape)
+            graph = self._capture(batch, backward, shape)
             if graph is None:  # the capture failed: this step runs as an ordinary one, as every later one
-                return self.step(batch, run)
+                return self.step(batch, backward, update)
         inputs, replay, loss, grads = graph
         for static, value in zip(inputs, _tensors(batch)):
             static.copy_(value)
         replay()
-        for param, grad in grads:  # as after an ordinary step: .grad holds this step's gradients (~20 us)
+        for param, grad in grads:  # as after an ordinary closure: .grad holds this step's gradients (~20 us)
             param.grad = grad
+        update()
         self.counts["replayed"] += 1
         return loss.clone()
 
-    def _ordinary(self, batch: Any, run: Callable[[Any], Tensor], shape: tuple) -> Tensor:
+    def _ordinary(self, batch: Any, backward: Callable[[Any], Tensor], update: Callable[[], Any],
+                  shape: tuple) -> Tensor:
         with self.backend.side_stream():
-            loss = run(batch).detach()
+            loss = backward(batch).detach()
+            update()
         self._seen[shape] = self._seen.get(shape, 0) + 1
         self.counts["ordinary"] += 1
         return loss
 
-    def _capture(self, batch: Any, run: Callable[[Any], Tensor], shape: tuple) -> tuple | None:
-        """Capture ``run`` for ``shape`` (``None`` when capturing failed: :attr:`failed` says why, in a warning)."""
+    def _capture(self, batch: Any, backward: Callable[[Any], Tensor], shape: tuple) -> tuple | None:
+        """Capture ``backward`` for ``shape`` (``None`` when capturing failed: :attr:`failed` says why, in a
+        warning)."""
         values = _tensors(batch)
         inputs = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device).copy_(v) for v in values]
         static_batch = _replace_tensors(batch, iter(inputs))
         losses: list[Tensor] = []
         self.optimizer.zero_grad(set_to_none=True)
         try:
-            replay = self.backend.capture(lambda: losses.append(run(static_batch).detach()))
+            replay = self.backend.capture(lambda: losses.append(backward(static_batch).detach()))
         except RuntimeError as error:  # nothing ran: the step is still to be taken
             self.failed = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
             self.reset()
@@ -236,9 +231,9 @@ class StepGraphs:
             rank_zero_warn(f"cuda_graphs: capturing a local step failed ({self.failed}); the run goes on with "
                            "ordinary steps")
             return None
-        if self.signature() != self._signature or self.worker_signature() != self._worker:  # e.g. new state
-            raise RuntimeError("cuda_graphs: capturing a step changed the worker's tensors or the optimizer's "
-                               "state or settings; the step cannot be replayed")
+        if self.worker_signature() != self._worker:  # e.g. a tensor made or replaced inside the step
+            raise RuntimeError("cuda_graphs: capturing a step changed the worker's tensors; the step cannot be "
+                               "replayed")
         grads = [(p, p.grad) for group in self.optimizer.param_groups for p in group["params"]]
         graph = self._graphs[shape] = (inputs, replay, losses[0], grads)
         self.counts["captured"] += 1

@@ -131,7 +131,7 @@ class FederatedTrainer:
             tensor cores, as Lightning recommends; else unchanged), ``"highest"``, ``"high"`` or ``"medium"``.
         benchmark: ``torch.backends.cudnn.benchmark``, as Lightning's: ``True`` times cuDNN's algorithms per
             shape (rounding may differ between runs), ``False`` takes its heuristics, ``None`` leaves it.
-        cuda_graphs: on a CUDA GPU, replay each local step from a CUDA graph (one launch; the same results).
+        cuda_graphs: on a CUDA GPU, replay each local step's closure from a CUDA graph (same results).
         tune_allocator: keep freed activation buffers in the heap, not returned to the OS after every batch
             (glibc's ``mallopt``; :mod:`lightning_dfl.allocator`); ``False`` leaves the allocator as it is.
     """
@@ -410,7 +410,7 @@ class FederatedTrainer:
         if backend is None:
             raise ValueError(f"cuda_graphs: true needs a CUDA GPU; this run's device is {self.fabric.device} "
                              "(set accelerator: gpu, or cuda_graphs: false)")
-        check_graphable(self.algorithm, model, self.optimizer, self.precision, self.callbacks, self.batched_clients)
+        check_graphable(self.algorithm, model, self.precision, self.callbacks, self.batched_clients)
         return StepGraphs(backend, model, self.optimizer)
 
     def _make_executor(self, state: FederationState) -> SerialExecutor:
@@ -478,7 +478,7 @@ class FederatedTrainer:
         if self.state.step_graphs is not None:
             counts = self.state.step_graphs.counts
             rank_zero_info(f"CUDA graphs: {counts['replayed']} local steps replayed, {counts['captured']} captured, "
-                           f"{counts['ordinary']} ordinary (warm-up, or the first after a change of learning rate)")
+                           f"{counts['ordinary']} ordinary (warm-up, or the first after the worker's tensors moved)")
             if not any(counts.values()):
                 rank_zero_warn(f"cuda_graphs: {type(self.algorithm).__name__} took no step through the default local "
                                "loop (train_locally), so no step was captured: it trains with its own loop")
