@@ -90,16 +90,23 @@ def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth=
 
 
 #: the reads left in a task, one each, by file: the finite check before publishing (containment branches on
-#: it), RigL's active counts of every layer (its drop counts), and the count of values the published model
-#: holds (the bytes of the messages that carry it; the compact store reads it with whether any weight lies
-#: outside its mask, for all layers at once, and compares the published and the next mask with the last
-#: ones, to share their bytes)
-TASK_READS = {"dense": ["executor.py", "masks.py", "masks.py"],
-              "compact": ["compact_state.py", "compact_state.py", "compact_state.py", "executor.py", "masks.py"]}
+#: it), the count of values the published model holds (the bytes of the messages that carry it; the compact
+#: store reads it with whether any weight lies outside its mask, for all layers at once, and compares the
+#: published and the next mask with the last ones, to share their bytes), and with random regrowth RigL's active
+#: counts of every layer (the size of its random draw, made on the host so that a seed draws the same masks on any
+#: device; by gradient the drop counts are computed on the device)
+TASK_READS = {("dense", "random"): ["executor.py", "masks.py", "masks.py"],
+              ("dense", "gradient"): ["executor.py", "masks.py"],
+              ("compact", "random"): ["compact_state.py", "compact_state.py", "compact_state.py", "executor.py",
+                                      "masks.py"],
+              ("compact", "gradient"): ["compact_state.py", "compact_state.py", "compact_state.py", "executor.py"]}
 
 
-@pytest.mark.parametrize("store, cuda_graphs", [("dense", False), ("compact", False), ("dense", True)])
-def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypatch, tmp_path, store, cuda_graphs):
+@pytest.mark.parametrize("store, cuda_graphs, regrowth", [("dense", False, "random"), ("compact", False, "random"),
+                                                          ("dense", True, "random"), ("dense", False, "gradient"),
+                                                          ("compact", True, "gradient")])
+def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypatch, tmp_path, store, cuda_graphs,
+                                                                         regrowth):
     """Also with its steps replayed from graphs (``cuda_graphs``, through the CPU stand-in ``tests/_graph_sim.py``)."""
     monkeypatch.setattr(step_graphs, "graph_backend", lambda device: SimulatedGraphs())
     counts = {}
@@ -107,14 +114,14 @@ def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypa
         reads = HostReads(monkeypatch)
         with device_paths_on_cpu():
             trainer = _fit(tmp_path / str(batch_size), batch_size=batch_size, count=reads, store=store,
-                           cuda_graphs=cuda_graphs)
+                           cuda_graphs=cuda_graphs, regrowth=regrowth)
         counts[batch_size] = reads
         if cuda_graphs:
             assert trainer.state.step_graphs.counts["replayed"] > 0
     few, many = counts[64], counts[8]
     assert few.total == many.total, (few.where, many.where)  # nothing per batch, nothing per layer
     assert sorted(where.split(":")[0] for (_, where), n in many.where.items() for _ in range(n)) == \
-        TASK_READS[store], many.where
+        TASK_READS[store, regrowth], many.where
 
 
 @pytest.mark.parametrize("store, regrowth", [("dense", "random"), ("compact", "random"), ("dense", "gradient")])

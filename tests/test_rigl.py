@@ -18,7 +18,13 @@ from lightning_dfl.callbacks.rigl import RigL
 from lightning_dfl.deferred import device_paths_on_cpu
 from lightning_dfl.sparse.erk import initial_masks
 from lightning_dfl.sparse.masks import ModelMask, count_active_together
-from lightning_dfl.sparse.rigl import cosine_drop_fraction, dense_gradients, num_dropped, rigl_masks
+from lightning_dfl.sparse.rigl import (
+    cosine_drop_fraction,
+    dense_gradients,
+    num_dropped,
+    num_dropped_together,
+    rigl_masks,
+)
 from lightning_dfl.sparse.select import (
     largest_k,
     largest_k_mask,
@@ -54,6 +60,16 @@ def test_num_dropped_is_ceil_without_float_noise():
     assert num_dropped(0.01, 7) == 1
     assert num_dropped(0.0, 7) == 0
     assert num_dropped(1.0, 7) == 7
+
+
+def test_drop_counts_computed_on_the_device_equal_the_hosts():
+    """On an accelerator the counts stay where the masks are: the same float64 operations give the same integers."""
+    counts = [0, 1, 6, 7, 10, 100, 1000, 123_457, 2_359_296, 11_173_962]
+    fractions = [0.0, 0.01, 0.05, 0.1, 0.25, 0.3, 0.5, 0.7, 1.0, 1 / 3, 0.5 / 2 * (1 + math.cos(math.pi * 7 / 500))]
+    for fraction in fractions:
+        expected = [num_dropped(fraction, n) for n in counts]
+        assert num_dropped_together(fraction, torch.tensor(counts)).tolist() == expected, fraction
+    assert num_dropped_together(0.3, torch.tensor([10])).tolist() == [3]  # not 4 (float noise)
 
 
 def test_hand_checked_drop_and_regrow():
@@ -105,6 +121,9 @@ def test_selection_of_every_part_at_once_equals_each_parts_own():
                            torch.cat([smallest_k_mask(p, k) for p, k in zip(parts, ks)]))
         assert torch.equal(largest_k_masks_together(values, sizes, ks),
                            torch.cat([largest_k_mask(p, k) for p, k in zip(parts, ks)]))
+        # the counts as a tensor where the values are (never read): the same choice
+        assert torch.equal(smallest_k_masks_together(values, sizes, torch.tensor(ks)),
+                           smallest_k_masks_together(values, sizes, ks))
     # by hand: [2, 1, 1 | 0, 5]: the smallest 2 of the first part (a tie: the lower position), 1 of the second
     chosen = smallest_k_masks_together(torch.tensor([2.0, 1, 1, 0, 5]), [3, 2], [2, 1])
     assert chosen.tolist() == [False, True, True, True, False]
@@ -123,9 +142,10 @@ def test_active_counts_together_equal_each_masks_count():
         assert count_active_together(dict(list(masks.items())[:3])).tolist() == expected[:3]
 
 
-@pytest.mark.parametrize("fraction", [0.05, 0.3, 1.0])
+@pytest.mark.parametrize("fraction", [0.0, 0.05, 0.3, 1.0])
 def test_gradient_regrowth_of_all_layers_at_once_equals_layer_by_layer(fraction):
-    """On an accelerator the layers that change are selected together; the masks are the CPU's, ties included."""
+    """On an accelerator every layer is selected together, its drop count computed on the device; the masks are the
+    CPU's, ties included, also for a dense layer, an empty one and a layer that drops nothing."""
     gen = torch.Generator().manual_seed(3)
     shapes = [(16, 3, 3, 3), (32, 16, 3, 3), (10, 32), (7,), (64, 32, 1, 1)]
     weights = {f"w{i}": torch.randint(-3, 4, s, generator=gen).float() for i, s in enumerate(shapes)}  # ties
@@ -133,6 +153,11 @@ def test_gradient_regrowth_of_all_layers_at_once_equals_layer_by_layer(fraction)
     scores["w1"][0, 0, 0, 0] = math.nan
     masks = {n: torch.rand(w.shape, generator=gen) < 0.5 for n, w in weights.items()}
     masks["w3"] = torch.ones(7, dtype=torch.bool)  # a dense layer regrows what it drops
+    masks["w5"] = torch.zeros(4, 4, dtype=torch.bool)  # nothing to drop
+    weights["w5"], scores["w5"] = torch.ones(4, 4), torch.ones(4, 4)
+    masks["w6"] = torch.zeros(9, dtype=torch.bool)
+    masks["w6"][4] = True  # one active weight: ceil(fraction) = 1 dropped unless the fraction is 0
+    weights["w6"], scores["w6"] = torch.arange(9.0), torch.arange(9.0)
     host = rigl_masks(weights, masks, fraction, scores=scores)
     with device_paths_on_cpu():
         device = rigl_masks(weights, masks, fraction, scores=scores)

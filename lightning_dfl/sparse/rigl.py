@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.deferred import host_reads_are_cheap
-from lightning_dfl.sparse.masks import Masks, ModelMask, active_counts
+from lightning_dfl.sparse.masks import Masks, ModelMask, active_counts, count_active_together
 from lightning_dfl.sparse.select import (
     largest_k_mask,
     largest_k_masks_together,
@@ -63,6 +63,14 @@ def num_dropped(drop_fraction: float, num_active: int) -> int:
     """``ceil(drop_fraction * num_active)``, ignoring float noise (see the module docstring)."""
     product = drop_fraction * num_active
     return max(0, min(num_active, math.ceil(product - _CEIL_EPS * max(1.0, product))))
+
+
+def num_dropped_together(drop_fraction: float, num_active: Tensor) -> Tensor:
+    """:func:`num_dropped` of every entry of an int64 tensor of active counts, on its device, not read: the same
+    float64 operations, so the same integers."""
+    product = num_active.double() * float(drop_fraction)
+    k = torch.ceil(product - _CEIL_EPS * product.clamp_min(1.0)).long()
+    return k.clamp_min(0).minimum(num_active)
 
 
 def _check_drop_fraction(drop_fraction: float) -> None:
@@ -145,30 +153,27 @@ def rigl_masks(
                              f"its mask {tuple(mask.shape)}")
 
     binary = {name: mask.detach() if mask.dtype == torch.bool else mask.detach() != 0 for name, mask in masks.items()}
+    devices = {flat.device for flat in binary.values()}
+    if mode == "gradient" and binary and len(devices) == 1 and not host_reads_are_cheap(next(iter(devices))):
+        # an accelerator: every layer at once, the drop counts computed where the masks are (nothing read)
+        names = list(binary)
+        ks = num_dropped_together(float(drop_fraction), count_active_together(binary))
+        return _layers_update_together(weights, binary, ks, scores, names)
     actives = active_counts(binary)  # every layer's count in one read
     ks = {name: num_dropped(float(drop_fraction), active) for name, active in actives.items()}
-    new: Masks = {}
-    together = []  # the layers that change, updated at once on an accelerator
-    for name, flat in binary.items():
-        if mode == "gradient" and ks[name] and actives[name] < flat.numel() \
-                and not host_reads_are_cheap(flat.device):
-            together.append(name)
-            continue
-        score = scores[name] if mode == "gradient" else None
-        new[name] = _layer_update(weights[name], flat, ks[name], actives[name], score, generator)
-    if together:
-        new.update(_layers_update_together(weights, binary, ks, scores, together))
-    return {name: new[name] for name in masks}
+    return {name: _layer_update(weights[name], flat, ks[name], actives[name],
+                                scores[name] if mode == "gradient" else None, generator)
+            for name, flat in binary.items()}
 
 
-def _layers_update_together(weights: Mapping[str, Tensor], binary: Mapping[str, Tensor], ks: Mapping[str, int],
+def _layers_update_together(weights: Mapping[str, Tensor], binary: Mapping[str, Tensor], k: Tensor,
                             scores: Mapping[str, Tensor], names: list[str]) -> Masks:
     """:func:`_layer_update` by gradient of the layers ``names`` at once (their values concatenated, each layer
-    selected as a part of them: :func:`~lightning_dfl.sparse.select.smallest_k_masks_together`), with the same
-    result; a few kernels for all layers. New masks are views of one buffer."""
+    selected as a part of them: :func:`~lightning_dfl.sparse.select.smallest_k_masks_together`; ``k``: their drop
+    counts, an int64 tensor on their device), with the same result (a layer that drops nothing, or a dense one,
+    regrows exactly what it dropped); a few kernels for all layers. New masks are views of one buffer."""
     device = binary[names[0]].device
     sizes = [binary[n].numel() for n in names]
-    k = [ks[n] for n in names]
 
     def joined(tensors: Mapping[str, Tensor]) -> Tensor:
         return torch.cat([tensors[n].detach().reshape(-1).to(device) for n in names])

@@ -71,22 +71,28 @@ def largest_k(values: Tensor, k: int) -> Tensor:
     return largest_k_mask(values, k).nonzero().squeeze(1)
 
 
-def smallest_k_masks_together(values: Tensor, sizes: Sequence[int], ks: Sequence[int]) -> Tensor:
+def smallest_k_masks_together(values: Tensor, sizes: Sequence[int], ks: Sequence[int] | Tensor) -> Tensor:
     """:func:`smallest_k_mask` of each part of a 1-D tensor at once: ``values`` is the concatenation of parts of
     ``sizes`` entries, the i-th choosing its ``ks[i]`` smallest (ties by position, NaN last, as there); one flat
     boolean mask. A few kernels for all parts, without reading the device: a stable sort of every value, then a
     stable sort of the result by part (each part's entries in value order, ties by position), of which each part
-    keeps its first ``ks[i]``."""
+    keeps its first ``ks[i]``. ``ks`` may be an int64 tensor on ``values``' device (counts never read)."""
     if len(sizes) != len(ks) or sum(sizes) != values.numel():
-        raise ValueError(f"sizes {list(sizes)} must add up to the {values.numel()} values and match ks {list(ks)}")
+        shown = ks if not isinstance(ks, Tensor) else f"of {len(ks)} entries"
+        raise ValueError(f"sizes {list(sizes)} must add up to the {values.numel()} values and match ks {shown}")
     n, device = values.numel(), values.device
     if not sizes:
         return torch.zeros(0, dtype=torch.bool, device=device)
     starts = np.cumsum([0, *sizes[:-1]]).tolist()
-    # each part's first position after the sorts and its end of chosen entries, copied to the device at once
-    bounds = torch.tensor([*starts[1:], *[s + min(max(k, 0), size) for s, k, size in zip(starts, ks, sizes)]],
-                          dtype=torch.long)
-    bounds = to_device(bounds, device)
+    # each part's first position after the sorts and its end of chosen entries, on the device
+    if isinstance(ks, Tensor):
+        host = to_device(torch.tensor([*starts, *sizes], dtype=torch.long), device)
+        first, size = host[:len(sizes)], host[len(sizes):]
+        bounds = torch.cat([first[1:], first + ks.to(device=device, dtype=torch.long).clamp(min=0).minimum(size)])
+    else:
+        bounds = torch.tensor([*starts[1:], *[s + min(max(k, 0), size) for s, k, size in zip(starts, ks, sizes)]],
+                              dtype=torch.long)
+        bounds = to_device(bounds, device)
     order = torch.sort(values, stable=True).indices
     part = torch.bucketize(order, bounds[:len(sizes) - 1], right=True)  # the part of each sorted entry
     by_part = torch.sort(part, stable=True)
@@ -94,6 +100,6 @@ def smallest_k_masks_together(values: Tensor, sizes: Sequence[int], ks: Sequence
     return torch.empty(n, dtype=torch.bool, device=device).scatter_(0, order.index_select(0, by_part.indices), chosen)
 
 
-def largest_k_masks_together(values: Tensor, sizes: Sequence[int], ks: Sequence[int]) -> Tensor:
+def largest_k_masks_together(values: Tensor, sizes: Sequence[int], ks: Sequence[int] | Tensor) -> Tensor:
     """:func:`largest_k_mask` of each part at once (see :func:`smallest_k_masks_together`)."""
     return smallest_k_masks_together(-values, sizes, ks)
