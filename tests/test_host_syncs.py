@@ -18,6 +18,7 @@ from lightning_dfl.deferred import device_paths_on_cpu, read_values
 from lightning_dfl.federation import step_graphs
 from lightning_dfl.federation.algorithms import DisPFL
 from lightning_dfl.federation.executor import SerialExecutor
+from lightning_dfl.federation.state import ClientStore
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.rigl import rigl_masks
@@ -90,13 +91,13 @@ def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth=
 
 
 #: the reads left in a task, one each, by file: the finite check before publishing (containment branches on
-#: it), the count of values the published model holds (the bytes of the messages that carry it; the compact
-#: store reads it with whether any weight lies outside its mask, for all layers at once, and compares the
-#: published and the next mask with the last ones, to share their bytes), and with random regrowth RigL's active
-#: counts of every layer (the size of its random draw, made on the host so that a seed draws the same masks on any
-#: device; by gradient the drop counts are computed on the device)
-TASK_READS = {("dense", "random"): ["executor.py", "masks.py", "masks.py"],
-              ("dense", "gradient"): ["executor.py", "masks.py"],
+#: it); with random regrowth RigL's active counts of every layer (the size of its random draw, made on the host so
+#: that a seed draws the same masks on any device; by gradient the drop counts are computed on the device); the
+#: compact store reads the published model's value count (the size of its record) with whether any weight lies
+#: outside its mask, for all layers at once, and compares the published and the next mask with the last ones, to
+#: share their bytes. The dense store keeps its value counts on the device until the round's end.
+TASK_READS = {("dense", "random"): ["executor.py", "masks.py"],
+              ("dense", "gradient"): ["executor.py"],
               ("compact", "random"): ["compact_state.py", "compact_state.py", "compact_state.py", "executor.py",
                                       "masks.py"],
               ("compact", "gradient"): ["compact_state.py", "compact_state.py", "compact_state.py", "executor.py"]}
@@ -136,6 +137,31 @@ def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path, store
         for part in ("weights", "mask", "published_mask"):
             for name, tensor in getattr(a, part).items():
                 assert torch.equal(tensor, getattr(b, part)[name]), (node, part, name)
+
+
+def test_the_dense_store_reads_a_rounds_value_counts_once_at_its_end(monkeypatch):
+    """On an accelerator a published model's value count (its messages' bytes) stays on the device: publishing reads
+    nothing, the round's end reads every count at once, and the counts are the masks' (plus unmasked entries)."""
+    template = {"w": torch.zeros(4, 5), "b": torch.zeros(5)}
+    gen = torch.Generator().manual_seed(0)
+    masks = [{"w": torch.rand(4, 5, generator=gen) < 0.5} for _ in range(3)]
+    reads = HostReads(monkeypatch)
+    with device_paths_on_cpu():
+        store = ClientStore(template, ["w"], num_nodes=3)
+        for node in range(3):
+            store.initialize(node, template, masks[node])
+        store.end_round()
+        reads.host_storages = {t.untyped_storage().data_ptr() for t in (store.slot, store.active)}  # host-side
+        reads.active = True
+        for node in range(3):
+            store.publish(node, template, {"w": ~masks[node]["w"]})
+        assert reads.total == 0, reads.where
+        store.end_round()
+        assert reads.total == 1
+        reads.active = False
+    assert [store.active_values(node) for node in range(3)] == [int((~m["w"]).sum()) + 5 for m in masks]
+    store.publish(0, template, None)  # no mask: every entry, known on the host
+    assert store.active_values(0, fresh=True) == 25
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 7, 10])

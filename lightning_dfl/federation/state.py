@@ -38,10 +38,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.federation.compact_records import FORMAT as COMPACT_FORMAT
 from lightning_dfl.federation.compact_records import dense_state_dict
 from lightning_dfl.federation.plan import RoundPlan, Task
-from lightning_dfl.sparse.masks import Masks, active_counts, zero_inactive_
+from lightning_dfl.sparse.masks import Masks, count_active_together, zero_inactive_
 from lightning_dfl.transfers import copy_all_, to_device
 
 # -- declared per-client fields ---------------------------------------------------------------
@@ -153,8 +154,8 @@ class ClientStore:
         self.masks = {n: torch.ones((num_nodes, *template[n].shape), dtype=torch.bool, **where) for n in masked_names}
         self.slot = torch.zeros(num_nodes, dtype=torch.long)
         self.unmasked_size = sum(t.numel() for n, t in template.items() if n not in set(masked_names))
-        # values each published model sends (active masked entries + unmasked entries), per slot
-        self.active = torch.zeros((2, num_nodes), dtype=torch.long)
+        # values each published model sends (active masked entries + unmasked entries), per slot (:attr:`active`)
+        self._active = torch.zeros((2, num_nodes), dtype=torch.long)
         self._written: set[int] = set()
         self.field_specs: dict[str, StateField] = {}
         self.fields: dict[str, dict[str, Tensor]] = {}
@@ -165,6 +166,7 @@ class ClientStore:
                      device: torch.device | str, pin_memory: bool = False) -> None:
         """The names, nodes and device every store backend has (the masked names checked)."""
         self._reads: StartReads | None = None  # the running plan's reads of start-of-round models
+        self._pending: dict[tuple[int, int], Tensor] = {}  # value counts still on an accelerator, by (slot, node)
         unknown = sorted(set(masked_names) - set(template))
         if unknown:
             raise ValueError(f"masked names not in the template: {unknown}")
@@ -272,8 +274,9 @@ class ClientStore:
             self._reads.finished(task)
 
     def end_round(self) -> None:
-        """Make this round's published models the current ones."""
+        """Make this round's published models the current ones (their value counts read, all at once)."""
         self._reads = None
+        self._read_pending()
         for node in self._written:
             self.slot[node] = 1 - self.slot[node]
         self._written.clear()
@@ -293,7 +296,7 @@ class ClientStore:
         for n in self.masked_names:  # the mask now on the store's device
             self.published_masks[n][slot, node].copy_(self.masks[n][node])
             zero_inactive_(self.weights[n][slot, node], self.masks[n][node])
-        self.active[slot, node] = self._count(mask)
+        self._set_active(slot, node, mask)
 
     @torch.no_grad()
     def publish(self, node: int, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None,
@@ -310,7 +313,7 @@ class ClientStore:
             for n in self.masked_names:
                 self.published_masks[n][slot, node].fill_(True)
         copy_all_(pairs)
-        self.active[slot, node] = self._count(mask)
+        self._set_active(slot, node, mask)
         self._publish_fields(node, fields)
 
     def _check_publish(self, node: int, fields: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -338,10 +341,35 @@ class ClientStore:
                     t[slot, node].copy_(t[current, node])
         self._written.add(node)
 
-    def _count(self, mask: Mapping[str, Tensor] | None) -> int:
-        if mask is None:
-            return self.unmasked_size + self.masked_size()
-        return self.unmasked_size + sum(active_counts({n: mask[n] for n in self.masked_names}).values())  # one read
+    @property
+    def active(self) -> Tensor:
+        """Values each published model sends (active masked entries plus unmasked entries), ``(2, nodes)`` int64
+        on the host by slot; counts still on an accelerator are read first, all at once."""
+        self._read_pending()
+        return self._active
+
+    def _set_active(self, slot: int, node: int, mask: Mapping[str, Tensor] | None) -> None:
+        """Count the values of the model in ``slot`` of ``node``: on an accelerator kept there, not read, until
+        :attr:`active` is read (at the latest at :meth:`end_round`: once for every model of the round)."""
+        self._pending.pop((slot, node), None)
+        if mask is None or not self.masked_names:
+            self._active[slot, node] = self.unmasked_size + self.masked_size()
+            return
+        count = count_active_together({n: mask[n] for n in self.masked_names}).sum() + self.unmasked_size
+        if host_reads_are_cheap(count.device):
+            self._active[slot, node] = int(count)
+        else:
+            self._pending[slot, node] = count
+
+    def _read_pending(self) -> None:
+        if not self._pending:
+            return
+        keys, counts = list(self._pending), list(self._pending.values())
+        device = counts[0].device
+        values = torch.stack([c.to(device) for c in counts]).tolist()  # one read
+        for (slot, node), value in zip(keys, values):
+            self._active[slot, node] = value
+        self._pending.clear()
 
     def task_views(self, node: int) -> list[Tensor]:
         """Views of everything ``node``'s task writes this round: the slot it publishes into (weights,
@@ -434,7 +462,8 @@ class ClientStore:
         self._check_pairs(pairs)
         copy_all_((mine[n], theirs[n]) for _, mine, theirs in pairs for n in mine)  # from any device
         self.slot.copy_(state["slot"])
-        self.active.copy_(state["active"])
+        self._pending.clear()
+        self._active.copy_(state["active"])
         self._written.clear()
 
     def _field_pairs(self, state: Mapping[str, Any]) -> list[tuple[str, dict[str, Tensor], Mapping[str, Tensor]]]:
