@@ -297,3 +297,47 @@ def test_a_second_signal_during_the_checkpoint_write_waits_for_the_file_and_name
     assert read_state(info.value.checkpoint)["next_round"] == 1  # the write completed
     assert "--ckpt_path" in info.value.resume_hint or "ckpt_path=" in info.value.resume_hint
     assert "stopped after round 1 of 3" in str(info.value)
+
+
+@pytest.mark.parametrize("fault, algorithm, selects", [
+    (Poison, lambda: DisPFL(num_neighbors=2, regrowth="gradient"), True),
+    (Huge, lambda: DisPFL(num_neighbors=2, regrowth="gradient"), True),
+    (Poison, lambda: DADPFL(num_neighbors=2, max_wait=2), False),  # PQI prunes after training: it reads first
+], ids=["nan", "huge", "dadpfl"])
+def test_containment_selected_on_the_device_equals_containment_after_reading(tmp_path, monkeypatch, fault, algorithm,
+                                                                             selects):
+    """On an accelerator a DisPFL task (RigL by gradient) does not read its finite check: it publishes the trained
+    or the start-of-round model by selection on the device, keeps its mask when contained, and the round takes back
+    RigL's count of the discarded search. The run equals the CPU's, which reads and branches: metrics, clients.csv,
+    every stored model and mask, RigL's state. A DA-DPFL task, whose callbacks change the trained model, reads."""
+    from lightning_dfl.deferred import device_paths_on_cpu
+    from lightning_dfl.federation.executor import SerialExecutor
+
+    def run(folder):
+        model, dm = _parts()
+        trainer = _trainer(algorithm(), callbacks=[fault({2})], logger=True, default_root_dir=str(folder),
+                           checkpoint_every=1)
+        trainer.fit(model, dm)
+        return trainer
+
+    host = run(tmp_path / "host")
+    selected = []
+    finish = SerialExecutor._finish_selecting
+    monkeypatch.setattr(SerialExecutor, "_finish_selecting",
+                        lambda self, ctx, *a: (selected.append(ctx.node), finish(self, ctx, *a))[1])
+    with device_paths_on_cpu():
+        device = run(tmp_path / "device")
+    assert len(selected) == (3 * 6 if selects else 0)  # every task of every round, the contained one included
+    assert [m["faults/nonfinite_clients"] for m in device.history] == [0.0, 1.0, 0.0]
+    strip = [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in host.history]
+    assert [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in device.history] == strip
+    csv = [next(f.rglob("clients.csv")).read_text() for f in (tmp_path / "host", tmp_path / "device")]
+    assert csv[0] == csv[1]
+    for part in ("weights", "published_masks", "masks"):
+        for name, tensor in getattr(host.store, part).items():
+            assert torch.equal(tensor, getattr(device.store, part)[name]), (part, name)
+    assert torch.equal(host.store.active, device.store.active)
+    rigl = [next(c for c in t.callbacks if type(c).__name__ == "RigL") for t in (host, device)]
+    assert rigl[0].state_dict() == rigl[1].state_dict()
+    if selects:
+        assert rigl[1].state_dict()["num_updates"] == 3 * 6 - 1  # the contained task's search taken back

@@ -20,7 +20,7 @@ from lightning_dfl.deferred import read_values
 from lightning_dfl.stats import mean_std  # re-exported: the engine imports it from here
 
 #: the record's fields a task may leave as 0-dim device tensors until the round reads them
-_DEFERRED_FIELDS = ("loss", "acc_aggregated", "acc_trained", "density", "flops")
+_DEFERRED_FIELDS = ("loss", "acc_aggregated", "acc_trained", "density", "flops", "search_samples", "nonfinite")
 
 
 @dataclass
@@ -31,13 +31,14 @@ class ClientRecord:
     client: int
     density: float
     train_samples: int = 0
-    search_samples: int = 0
+    search_samples: int | Tensor = 0
     flops: float = 0.0
     loss: float = float("nan")
     acc_aggregated: float | None = None
     acc_trained: float | None = None
     #: its update was not finite (weights or loss) and was discarded: it published its start-of-round model
-    nonfinite: bool = False
+    #: (a 0-dim bool on the device until read, when the task did not read its finite check)
+    nonfinite: bool | Tensor = False
     #: further per-client numbers an algorithm reports (``TaskContext.report``), as clients.csv columns
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -89,6 +90,8 @@ class RoundAccounting:
         values = read_values([getattr(r, name) for r, name in slots])
         for (record, name), value in zip(slots, values):
             setattr(record, name, value)
+        for record in self.records:  # read as numbers: back to their types
+            record.search_samples, record.nonfinite = int(record.search_samples), bool(record.nonfinite)
         for record in self.records:
             if any(isinstance(v, Tensor) for v in record.extra.values()):
                 record.extra = dict(zip(record.extra, read_values(list(record.extra.values()))))

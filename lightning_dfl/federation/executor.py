@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.callbacks.base import defined_hooks
+from lightning_dfl.deferred import accumulator_dtype, host_reads_are_cheap
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import TaskContext
 from lightning_dfl.federation.plan import RoundPlan, Task
@@ -54,8 +55,13 @@ class SerialExecutor:
     """Runs every task of a plan in dependency order on the federation's one worker (``state``: the
     :class:`~lightning_dfl.federation.federation_state.FederationState` the trainer built)."""
 
+    #: on an accelerator, a task may publish without reading its finite check (:meth:`_finish_selecting`)
+    selects_without_reading = True
+
     def __init__(self, state: FederationState) -> None:
         self.state = state
+        #: what callbacks counted in tasks whose finite check is not read yet: (record, [(callback, delta)])
+        self._unsettled: list[tuple[ClientRecord, list[tuple[Any, Any]]]] = []
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
@@ -152,7 +158,11 @@ class SerialExecutor:
         record.flops = record.train_samples * record.flops
         loss = record.loss if record.train_samples > 0 else None  # a task without samples has a NaN loss
         self._stage_optimizer_state(ctx)
-        if not self._finite(loss, ctx.staged):  # one read of the device: weights, loss and staged fields together
+        finite = self._finite_flag(loss, ctx.staged)
+        if isinstance(finite, Tensor) and self._may_select(ctx, finite.device):
+            self._finish_selecting(ctx, record, accounting, evaluate, finite)
+            return
+        if not bool(finite):  # one read of the device: weights, loss and staged fields together
             self._contain(ctx, record, accounting, evaluate)
             return
         t.call("on_client_train_end", node)
@@ -177,13 +187,18 @@ class SerialExecutor:
         t.train_dataloader = None
 
     # -- faults ----------------------------------------------------------------------------
-    @torch.no_grad()
     def _finite(self, loss: Tensor | float | None = None, staged: dict[str, Any] | None = None) -> bool:
+        """:meth:`_finite_flag` read: one host synchronisation for all of them."""
+        return bool(self._finite_flag(loss, staged))
+
+    @torch.no_grad()
+    def _finite_flag(self, loss: Tensor | float | None = None, staged: dict[str, Any] | None = None
+                     ) -> Tensor | bool:
         """Whether every worker weight and buffer is finite and within :data:`PUBLISH_BOUND` (and ``loss``,
         when given, and every floating value of the task's ``staged`` field writes finite; NaN allowed in
-        fields declared with a NaN fill): one host
-        synchronisation for all of them. A model that is finite but larger would make its receivers'
-        aggregates overflow: it is contained here, at its sender."""
+        fields declared with a NaN fill), as a 0-dim bool on the worker's device (not read; ``False`` when a
+        host value already says no). A model that is finite but larger would make its receivers' aggregates
+        overflow: it is contained at its sender."""
         if loss is not None and not isinstance(loss, Tensor) and not math.isfinite(loss):
             return False
         checks = _within_bound(self.state.worker.values())  # the worker: floating only
@@ -199,11 +214,81 @@ class SerialExecutor:
                     checks.append(ok.to(checks[0].device if checks else part.device))
                 elif isinstance(part, float) and (math.isinf(part) or (math.isnan(part) and not allow_nan)):
                     return False
-        return bool(torch.stack(checks).all()) if checks else True
+        return torch.stack(checks).all() if checks else True
 
     def _changes_after_training(self) -> bool:
         """Whether a callback may change the trained worker before it is published (``on_client_train_end``)."""
         return any(defined_hooks(c, ("on_client_train_end",)) for c in self.state.callbacks)
+
+    def _may_select(self, ctx: TaskContext, device: torch.device) -> bool:
+        """Whether this task can publish without reading its finite check (:meth:`_finish_selecting`): on an
+        accelerator, when nothing but the model, its mask and the next mask depends on the check (no staged
+        field writes or kept optimizer state, no published fields, no per-client report, no callback that
+        changes the trained model, and mask searches that may be discarded: RigL's), with the store on the
+        worker's device (a store in host memory would upload the start-of-round model to select from)."""
+        from lightning_dfl.federation.algorithms.base import Algorithm
+
+        t = self.state
+        if not self.selects_without_reading or host_reads_are_cheap(device) or ctx.staged or ctx.report:
+            return False
+        store = torch.device(t.store.device)
+        if store.type != device.type or (store.index or 0) != (device.index or 0):
+            return False
+        if type(t.algorithm).publish_fields is not Algorithm.publish_fields or self._changes_after_training():
+            return False
+        return all(getattr(c, "discardable_client_end", False) for c in t.callbacks
+                   if defined_hooks(c, ("on_client_end",)))
+
+    @torch.no_grad()
+    def _select(self, ok: Tensor, new: dict[str, Tensor], old: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``new`` where ``ok``, else ``old``, name by name (bit for bit either; nothing read)."""
+        return {name: torch.where(ok, value, old[name]) for name, value in new.items()}
+
+    @torch.no_grad()
+    def _finish_selecting(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting,
+                          evaluate: bool, ok: Tensor) -> None:
+        """:meth:`finish_task` and :meth:`_contain` at once, without reading ``ok`` (the finite check): the worker
+        becomes its trained model where ``ok``, else its start-of-round one, as does the mask it publishes, and
+        the mask it trains with next is RigL's where ``ok``, else the one it had; the record's fault flag and
+        search FLOPs stay on the device until the round reads them, and :meth:`settle` then takes back the mask
+        searches' counts of the tasks that turned out contained. The same results as reading first, bit for bit
+        (``torch.where`` selects, it does not compute)."""
+        t, algorithm, store, module, node = self.state, self.state.algorithm, self.state.store, \
+            self.state.module, ctx.node
+        own, own_mask = store.published(node)
+        kept_mask = store.mask(node)  # every selection with it is made before set_mask writes over it
+        for name, value in self._select(ok, t.worker, own).items():
+            t.worker[name].copy_(value)
+        module.mask.load_(self._select(ok, module.mask.masks, kept_mask), apply=False)
+        if evaluate:  # the model the node publishes, trained or restored
+            record.acc_trained = algorithm.evaluate(ctx, "trained")
+        store.publish(node, t.worker, self._select(ok, module.mask.masks, own_mask))
+        batches = ctx.train_batches
+        search_from = batches.samples
+        searchers = [c for c in t.callbacks if defined_hooks(c, ("on_client_end",))]
+        marks = [(c, c.shard_snapshot()) for c in searchers]
+        t.call("on_client_end", node)
+        gained = [(c, c.shard_delta(mark)) for c, mark in marks]  # what this task's searches counted
+        store.set_mask(node, self._select(ok, module.mask.masks, kept_mask))
+        drawn = batches.samples - search_from
+        record.search_samples = ok.long() * drawn
+        dtype = accumulator_dtype(ok.device)
+        record.flops = record.flops + ok.to(dtype) * float(drawn * 3 * module.flops_profile.dense_forward_flops())
+        record.nonfinite = ~ok
+        record.extra = dict(ctx.report)
+        accounting.records.append(record)
+        if gained:
+            self._unsettled.append((record, gained))
+        t.train_dataloader = None
+
+    def settle(self) -> None:
+        """After the round read its records (:meth:`RoundAccounting.read_device_values`): take back what the
+        mask searches of contained tasks counted (their masks were never used)."""
+        for record, gained in self._unsettled:
+            if record.nonfinite:
+                for callback, delta in gained:
+                    callback.shard_apply(-delta)
+        self._unsettled.clear()
 
     def _contain(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting, evaluate: bool) -> None:
         """A non-finite (or too large: :data:`PUBLISH_BOUND`) update is discarded: the node publishes its start-of-round model with its mask,

@@ -112,6 +112,9 @@ class _LoggedAccounting(RoundAccounting):
 class ShardedExecutor(SerialExecutor):
     """Runs a plan level by level with each level's tasks spread over the Fabric processes."""
 
+    #: a task's callbacks' changes travel to the other processes as it ends: its finite check is read first
+    selects_without_reading = False
+
     def __init__(self, state: FederationState) -> None:
         super().__init__(state)
         fabric = state.fabric

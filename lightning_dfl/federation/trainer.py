@@ -529,6 +529,7 @@ class FederatedTrainer:
             timings.append((self.clock.round_metrics(plan, durations, accounting.edge_bytes),
                             any(t.train for t in plan.tasks)))
         accounting.read_device_values()  # the round's losses and accuracies, read from the device at once
+        self.executor.settle()  # what the mask searches of contained tasks counted is taken back
         failed = sorted(r.client for r in accounting.records if r.nonfinite)
         if failed and len(failed) == len(accounting.records):
             raise RunDiverged(
