@@ -419,8 +419,12 @@ class ClientStore:
                 {n: [t[s, k] for s, k in slots] for n, t in self.published_masks.items()})
 
     def active_values(self, node: int, fresh: bool = False) -> int:
-        """Values a node's published model sends: active masked entries plus all unmasked entries."""
-        return int(self.active[self._slot(node, fresh), node])
+        """Values a node's published model sends: active masked entries plus all unmasked entries (a model
+        published this round whose count is still on the accelerator is read now; the others are not)."""
+        slot = self._slot(node, fresh)
+        if (slot, node) in self._pending:
+            self._read_pending()
+        return int(self._active[slot, node])
 
     def masked_size(self) -> int:
         """Entries under a mask (one bit each when a mask is sent)."""
