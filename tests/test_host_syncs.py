@@ -62,12 +62,14 @@ class HostReads:
         return sum(self.where.values())
 
 
-def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth="random", cuda_graphs=False):
+def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth="random", cuda_graphs=False,
+         batched=False):
     """A DisPFL run on digits (random regrowth unless said); with ``count``, the host reads of round 1's tasks."""
     dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=batch_size, test_samples_per_client=40)
     trainer = FederatedTrainer(DisPFL(num_neighbors=2, regrowth=regrowth), rounds=rounds, local_epochs=1,
                                accelerator="cpu", logger=False, enable_progress_bar=False, diagnostics=False,
-                               default_root_dir=str(tmp_path), store=store, cuda_graphs=cuda_graphs)
+                               default_root_dir=str(tmp_path), store=store, cuda_graphs=cuda_graphs,
+                               batched_clients=batched)
     if count is not None:
         run_task = SerialExecutor.run_task
 
@@ -126,11 +128,12 @@ def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypa
         sorted(TASK_READS[store, regrowth] * 4), many.where  # each of the round's 4 tasks alike
 
 
-@pytest.mark.parametrize("store, regrowth", [("dense", "random"), ("compact", "random"), ("dense", "gradient")])
-def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path, store, regrowth):
-    plain = _fit(tmp_path / "plain", store=store, regrowth=regrowth)
+@pytest.mark.parametrize("store, regrowth, batched", [("dense", "random", False), ("compact", "random", False),
+                                                      ("dense", "gradient", False), ("dense", "gradient", True)])
+def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path, store, regrowth, batched):
+    plain = _fit(tmp_path / "plain", store=store, regrowth=regrowth, batched=batched)
     with device_paths_on_cpu():
-        device = _fit(tmp_path / "device", store=store, regrowth=regrowth)
+        device = _fit(tmp_path / "device", store=store, regrowth=regrowth, batched=batched)
     strip = [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in plain.history]
     assert strip == [{k: v for k, v in m.items() if not k.startswith("time/wall")} for m in device.history]
     for node in range(4):
