@@ -143,6 +143,34 @@ def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path, store
                 assert torch.equal(tensor, getattr(b, part)[name]), (node, part, name)
 
 
+@pytest.mark.parametrize("regrowth, reads", [("gradient", {}), ("random", {"masks.py": 4})])
+def test_batched_clients_read_the_device_as_serial_tasks_do(monkeypatch, tmp_path, regrowth, reads):
+    """A level of 4 clients trained together (``batched_clients``): the same reads as 4 serial tasks, none by
+    gradient (after the first round, which sizes the groups from a measured step)."""
+    from lightning_dfl.federation.batched import BatchedExecutor
+
+    count = HostReads(monkeypatch)
+    run = BatchedExecutor.run
+
+    def counted(executor, plan, *args, **kwargs):
+        store = executor.state.store
+        count.host_storages = {t.untyped_storage().data_ptr() for t in (store.slot, store._active)}
+        count.active = executor.state.current_round == 1
+        try:
+            return run(executor, plan, *args, **kwargs)
+        finally:
+            count.active = False
+
+    monkeypatch.setattr(BatchedExecutor, "run", counted)
+    with device_paths_on_cpu():
+        trainer = _fit(tmp_path, regrowth=regrowth, batched=True)
+    assert type(trainer.executor) is BatchedExecutor
+    found = collections.Counter()
+    for (_, where), n in count.where.items():
+        found[where.split(":")[0]] += n
+    assert dict(found) == reads, count.where
+
+
 def test_the_dense_store_reads_a_rounds_value_counts_once_at_its_end(monkeypatch):
     """On an accelerator a published model's value count (its messages' bytes) stays on the device: publishing reads
     nothing, the round's end reads every count at once, and the counts are the masks' (plus unmasked entries)."""
