@@ -61,6 +61,21 @@ class HostReads:
     def total(self) -> int:
         return sum(self.where.values())
 
+    def in_round_one(self, method):
+        """``method(executor, ...)`` counting while it runs in round 1 (the store's host-side bookkeeping not
+        counted: the dense store's ``_active``, as its ``active`` would read the counts still on the device)."""
+
+        def counted(executor, *args, **kwargs):
+            store = executor.state.store
+            self.host_storages = {t.untyped_storage().data_ptr() for t in (store.slot, getattr(store, "_active", store.slot))}
+            self.active = executor.state.current_round == 1
+            try:
+                return method(executor, *args, **kwargs)
+            finally:
+                self.active = False
+
+        return counted
+
 
 def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth="random", cuda_graphs=False,
          batched=False):
@@ -72,18 +87,7 @@ def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth=
                                batched_clients=batched)
     if count is not None:
         run_task = SerialExecutor.run_task
-
-        def counted_task(executor, task, *args, **kwargs):
-            store = executor.state.store
-            # the dense store's host-side counts (``_active``: its ``active`` would read the ones still on the device)
-            count.host_storages = {t.untyped_storage().data_ptr() for t in (store.slot, getattr(store, "_active", store.slot))}
-            count.active = executor.state.current_round == 1
-            try:
-                return run_task(executor, task, *args, **kwargs)
-            finally:
-                count.active = False
-
-        SerialExecutor.run_task = counted_task
+        SerialExecutor.run_task = count.in_round_one(run_task)
         try:
             trainer.fit(SparseClassifier("cnn_digits", density=0.5), dm)
         finally:
@@ -150,18 +154,7 @@ def test_batched_clients_read_the_device_as_serial_tasks_do(monkeypatch, tmp_pat
     from lightning_dfl.federation.batched import BatchedExecutor
 
     count = HostReads(monkeypatch)
-    run = BatchedExecutor.run
-
-    def counted(executor, plan, *args, **kwargs):
-        store = executor.state.store
-        count.host_storages = {t.untyped_storage().data_ptr() for t in (store.slot, store._active)}
-        count.active = executor.state.current_round == 1
-        try:
-            return run(executor, plan, *args, **kwargs)
-        finally:
-            count.active = False
-
-    monkeypatch.setattr(BatchedExecutor, "run", counted)
+    monkeypatch.setattr(BatchedExecutor, "run", count.in_round_one(BatchedExecutor.run))
     with device_paths_on_cpu():
         trainer = _fit(tmp_path, regrowth=regrowth, batched=True)
     assert type(trainer.executor) is BatchedExecutor

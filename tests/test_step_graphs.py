@@ -195,13 +195,19 @@ def _batches(n, size=6):
     return [(torch.randn(size, 1, 8, 8, generator=g), torch.randint(0, 10, (size,), generator=g)) for _ in range(n)]
 
 
-def test_a_replaced_mask_drops_the_graphs_and_a_changed_rate_does_not():
+def _graphed_and_reference():
+    """Step graphs of a worker whose task has begun, its closure and update, and a reference worker's ordinary step."""
     module, optimizer = _module_and_optimizer()
     graphs = StepGraphs(SimulatedGraphs(), module, optimizer)
     graphs.begin()
-    backward, update = _closure_and_update(module, optimizer)
     reference_module, reference_optimizer = _module_and_optimizer()
-    reference = _step(reference_module, reference_optimizer)
+    return (graphs, module, optimizer, *_closure_and_update(module, optimizer), reference_module, reference_optimizer,
+            _step(reference_module, reference_optimizer))
+
+
+def test_a_replaced_mask_drops_the_graphs_and_a_changed_rate_does_not():
+    graphs, module, optimizer, backward, update, reference_module, reference_optimizer, reference = \
+        _graphed_and_reference()
     for batch in _batches(5):
         graphs.step(batch, backward, update)
         reference(batch)
@@ -229,13 +235,8 @@ def test_a_replaced_mask_drops_the_graphs_and_a_changed_rate_does_not():
 def test_tensors_made_after_a_task_began_are_seen_before_a_capture():
     """Mask casts dropped (``mask.to``) after the task began are made again by its first step: the worker's addresses
     are taken again before capturing, so the capture reads the new ones."""
-    module, optimizer = _module_and_optimizer()
-    graphs = StepGraphs(SimulatedGraphs(), module, optimizer)
-    graphs.begin()
+    graphs, module, _, backward, update, reference_module, _, reference = _graphed_and_reference()
     module.mask.to("cpu")  # the casts go, and come back at the next step
-    backward, update = _closure_and_update(module, optimizer)
-    reference_module, reference_optimizer = _module_and_optimizer()
-    reference = _step(reference_module, reference_optimizer)
     for batch in _batches(5):
         graphs.step(batch, backward, update)
         reference(batch)

@@ -90,9 +90,8 @@ class RoundAccounting:
         values = read_values([getattr(r, name) for r, name in slots])
         for (record, name), value in zip(slots, values):
             setattr(record, name, value)
-        for record in self.records:  # read as numbers: back to their types
-            record.search_samples, record.nonfinite = int(record.search_samples), bool(record.nonfinite)
         for record in self.records:
+            record.search_samples, record.nonfinite = int(record.search_samples), bool(record.nonfinite)  # read as numbers
             if any(isinstance(v, Tensor) for v in record.extra.values()):
                 record.extra = dict(zip(record.extra, read_values(list(record.extra.values()))))
 
