@@ -97,11 +97,13 @@ class PhaseTimer:
 HOST_READS = ("aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero")
 #: operators that only allocate (on a GPU the caching allocator hands out memory: no kernel is launched)
 ALLOCATIONS = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::lift_fresh")
+#: operator namespaces that launch nothing on any device (``torch.optim``'s ``record_function`` markers)
+MARKERS = ("profiler::",)
 
 
 class OpCounter(TorchDispatchMode):
     """Counts, per phase of the timer, the operators that run a kernel (forward, backward, optimizer, copies;
-    not views, not allocations) and the host reads of tensor values (``item``, ``bool``, ``int``, ``tolist``, ``torch.equal``):
+    not views, not allocations, not profiler markers) and the host reads of tensor values (``item``, ``bool``, ``int``, ``tolist``, ``torch.equal``):
     on a GPU each kernel is a launch and each read a wait for the device, so the counts measure a phase's launch
     overhead and stalls on any device (with ``--device-paths``, the paths an accelerator takes)."""
 
@@ -142,7 +144,7 @@ class OpCounter(TorchDispatchMode):
         if name in HOST_READS:
             if not self._inside_tolist and not self._on_host(args):
                 self.timer.reads[self.timer.current] += 1
-        elif not func.is_view and name.split(".")[0] not in ALLOCATIONS:
+        elif not func.is_view and name.split(".")[0] not in ALLOCATIONS and not name.startswith(MARKERS):
             self.timer.ops[self.timer.current] += 1
         return func(*args, **(kwargs or {}))
 

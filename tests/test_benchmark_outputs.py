@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -81,6 +82,21 @@ def test_round_phases_counts_kernels_and_host_reads_on_the_accelerators_paths(tm
     assert kernels[0] == sum(kernels[1:]) and reads[0] == sum(reads[1:])
     assert reads[phase["local_train"]] == 0 and reads[phase["evaluate"]] == 0
     assert kernels[phase["local_train"]] == max(kernels[1:])
+
+
+def test_op_counter_counts_kernels_not_markers_views_or_allocations():
+    """What a GPU would launch: an SGD step's kernels (not ``torch.optim``'s profiler markers), no views or bare
+    allocations; one read for ``item``."""
+    script = _script("round_phases")
+    timer = script.PhaseTimer(torch.device("cpu"))
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=0.1, foreach=True)
+    weight.grad = torch.ones(3)
+    with script.OpCounter(timer):
+        optimizer.step()  # wrapped in record_function: one multi-tensor add
+        torch.empty(4).view(2, 2)
+        assert weight.sum().item() == pytest.approx(2.7)
+    assert timer.ops == {"other": 2} and timer.reads == {"other": 1}  # the add and the sum; the item
 
 
 def _tiny_image_folder(root: Path, per_class: int) -> None:
