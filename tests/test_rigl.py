@@ -28,9 +28,11 @@ from lightning_dfl.sparse.rigl import (
 from lightning_dfl.sparse.select import (
     largest_k,
     largest_k_mask,
+    largest_k_mask_among,
     largest_k_masks_together,
     smallest_k,
     smallest_k_mask,
+    smallest_k_mask_among,
     smallest_k_masks_together,
 )
 
@@ -106,6 +108,51 @@ def test_selection_ranks_nan_last_and_always_picks_k():
     for k in range(6):
         assert int(smallest_k_mask(v, k).sum()) == k
         assert int(smallest_k_mask(torch.full((3,), nan), k).sum()) == min(k, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64])
+def test_selection_on_the_host_equals_a_stable_sort(dtype):
+    """The CPU's selection (NumPy's introselect, then ties by position) picks what the accelerators' stable
+    sort picks: ties, NaN, infinities and -0.0 included, every k."""
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(40):
+        n = int(torch.randint(1, 40, (1,), generator=gen))
+        values = torch.randint(-2, 3, (n,), generator=gen).to(dtype)  # many ties
+        if dtype.is_floating_point:
+            values[torch.rand(n, generator=gen) < 0.1] = math.nan
+            values[torch.rand(n, generator=gen) < 0.1] = math.inf
+            values[torch.rand(n, generator=gen) < 0.1] = -0.0
+        for k in range(-1, n + 2):
+            host = smallest_k_mask(values, k)
+            with device_paths_on_cpu():
+                sorted_ = smallest_k_mask(values, k)
+            assert torch.equal(host, sorted_), (values, k)
+
+
+def test_selection_among_candidates():
+    """RigL's drop (among the active weights) and regrowth (among the rest): only candidates are chosen, the
+    smallest (largest) first, ties by position; for finite values the same as filling the others with inf."""
+    values = torch.tensor([0.0, 3.0, 1.0, 1.0, 2.0, 0.5])
+    among = _bool([False, True, True, True, True, False])
+    assert smallest_k_mask_among(values, among, 2).tolist() == [False, False, True, True, False, False]
+    assert largest_k_mask_among(values, among, 2).tolist() == [False, True, False, False, True, False]
+    assert largest_k_mask_among(values, among, 3).tolist() == [False, True, True, False, True, False]  # tie: 2 first
+    assert not smallest_k_mask_among(values, among, 0).any()
+    assert smallest_k_mask_among(values, among, 4).tolist() == among.tolist()
+    with pytest.raises(ValueError, match="k=5 exceeds the 4 candidate"):
+        smallest_k_mask_among(values, among, 5)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        n = int(torch.randint(1, 40, (1,), generator=gen))
+        values = torch.randint(-3, 3, (n,), generator=gen).float()
+        among = torch.rand(n, generator=gen) < 0.6
+        for k in range(int(among.sum()) + 1):
+            filled = smallest_k_mask(values.masked_fill(~among, math.inf), k)
+            assert torch.equal(smallest_k_mask_among(values, among, k), filled)
+            with device_paths_on_cpu():
+                assert torch.equal(smallest_k_mask_among(values, among, k), filled)
+            assert torch.equal(largest_k_mask_among(values, among, k),
+                               largest_k_mask(values.masked_fill(~among, -math.inf), k))
 
 
 def test_selection_of_every_part_at_once_equals_each_parts_own():

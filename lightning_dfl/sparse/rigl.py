@@ -32,9 +32,9 @@ from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.sparse.masks import Masks, ModelMask, active_counts, count_active_together
 from lightning_dfl.sparse.select import (
-    largest_k_mask,
+    largest_k_mask_among,
     largest_k_masks_together,
-    smallest_k_mask,
+    smallest_k_mask_among,
     smallest_k_masks_together,
 )
 from lightning_dfl.transfers import to_device
@@ -92,12 +92,14 @@ def _layer_update(weight: Tensor, mask: Tensor, k: int, active: int, score: Tens
     flat = mask.reshape(-1)
     if k == 0 or active == flat.numel():  # a dense layer regrows exactly what it dropped
         return flat.clone().view_as(mask)
+    # finite (an infinite weight or score ranks as the largest float), so an active weight always ranks before
+    # an inactive one as masked_fill(~flat, inf) would rank them
     magnitude = torch.nan_to_num(weight.detach().reshape(-1).to(flat.device).abs(), nan=0.0)
-    dropped = smallest_k_mask(magnitude.masked_fill(~flat, math.inf), k)
+    dropped = smallest_k_mask_among(magnitude, flat, k)
     kept = flat & ~dropped
     if score is not None:
         ranked = torch.nan_to_num(score.detach().reshape(-1).to(flat.device).abs(), nan=0.0)
-        grown = largest_k_mask(ranked.masked_fill(kept, -math.inf), k)
+        grown = largest_k_mask_among(ranked, ~kept, k)
     else:
         num_candidates = flat.numel() - active + k  # the inactive entries and the just-dropped ones
         candidates = torch.nonzero_static(~kept, size=num_candidates).squeeze(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,34 +26,57 @@ def smallest_k_mask(values: Tensor, k: int) -> Tensor:
     if not host_reads_are_cheap(values.device):  # no data-dependent read: the stable sort's first k
         chosen = torch.zeros(n, dtype=torch.bool, device=values.device)
         return chosen.index_fill_(0, torch.sort(values, stable=True).indices[:k], True)
-    if values.is_floating_point():
-        nan = values.isnan()
-        num_nan = int(nan.sum())
-        if num_nan:  # select among the numbers; NaNs only fill up, by position
-            numbers = ~nan
-            if k >= n - num_nan:
-                return numbers | (nan & (nan.cumsum(0) <= k - (n - num_nan)))
-            chosen = torch.zeros(n, dtype=torch.bool, device=values.device)
-            chosen[numbers.nonzero().squeeze(1)] = smallest_k_mask(values[numbers], k)
-            return chosen
-    threshold = _kth_smallest(values, k)
-    chosen = values < threshold
-    need = k - int(chosen.sum())
-    if need:
-        ties = values == threshold
-        if int(ties.sum()) > need:  # keep the first `need` ties by position
-            ties &= ties.cumsum(0) <= need
-        chosen |= ties
-    return chosen
+    return _host_mask(n, _smallest_k_positions(_host_array(values), k))
 
 
-def _kth_smallest(values: Tensor, k: int) -> Tensor:
-    """The k-th smallest value (1-based); NumPy's introselect is several times faster on a CPU."""
-    if values.device.type == "cpu":
-        # NumPy has no bfloat16; float32 holds every bfloat16 value exactly.
-        array = (values.float() if values.dtype == torch.bfloat16 else values).detach().numpy()
-        return torch.as_tensor(np.partition(array, k - 1)[k - 1]).to(values.dtype)
-    return torch.kthvalue(values, k).values
+def smallest_k_mask_among(values: Tensor, among: Tensor, k: int) -> Tensor:
+    """The ``k`` smallest of the entries where the boolean ``among`` is true (``k`` at most their count), ties by
+    position: for values without NaN or infinity, ``smallest_k_mask(values.masked_fill(~among, inf), k)``
+    (RigL's drop among the active weights and regrowth among the rest). On the CPU it selects among the
+    candidates alone in NumPy: filling a scattered half of a layer costs more there than selecting."""
+    if not host_reads_are_cheap(values.device):
+        return smallest_k_mask(values.masked_fill(~among, math.inf), k)
+    candidates = np.flatnonzero(among.detach().reshape(-1).numpy())
+    if k > candidates.size:
+        raise ValueError(f"k={k} exceeds the {candidates.size} candidate entries")
+    return _host_mask(values.numel(), candidates[_smallest_k_positions(_host_array(values)[candidates], k)])
+
+
+def largest_k_mask_among(values: Tensor, among: Tensor, k: int) -> Tensor:
+    """The ``k`` largest where ``among`` is true (see :func:`smallest_k_mask_among`)."""
+    return smallest_k_mask_among(-values, among, k)
+
+
+def _host_array(values: Tensor) -> np.ndarray:
+    """A 1-D tensor on the CPU as a NumPy array (bfloat16, which NumPy lacks, as float32: every value exact)."""
+    return (values.float() if values.dtype == torch.bfloat16 else values).detach().reshape(-1).numpy()
+
+
+def _host_mask(n: int, positions: np.ndarray) -> Tensor:
+    chosen = np.zeros(n, dtype=bool)
+    chosen[positions] = True
+    return torch.from_numpy(chosen)
+
+
+def _smallest_k_positions(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions (unordered) of the ``k`` smallest entries of a 1-D array as a stable ascending sort with NaN
+    last would pick them: NumPy's introselect finds the k-th value in linear time, then the entries below it
+    and the first ties by position."""
+    n = values.size
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if k >= n:
+        return np.arange(n)
+    if values.dtype.kind == "f":
+        nan = np.isnan(values)
+        if nan.any():  # select among the numbers; NaNs only fill up, by position
+            numbers = np.flatnonzero(~nan)
+            if k >= numbers.size:
+                return np.concatenate([numbers, np.flatnonzero(nan)[:k - numbers.size]])
+            return numbers[_smallest_k_positions(values[numbers], k)]
+    threshold = np.partition(values, k - 1)[k - 1]
+    below = np.flatnonzero(values < threshold)
+    return np.concatenate([below, np.flatnonzero(values == threshold)[:k - below.size]])
 
 
 def smallest_k(values: Tensor, k: int) -> Tensor:
