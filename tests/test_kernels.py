@@ -1,5 +1,8 @@
 """The worker's kernels: memory format of its weights and batches, float32 matmul precision."""
 
+import platform
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -11,6 +14,7 @@ from lightning_dfl.federation.kernels import (
     apply_memory_format,
     input_converter,
     resolve_memory_format,
+    slow_bfloat16,
 )
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.models import build_model
@@ -110,3 +114,43 @@ def test_benchmark_sets_cudnns_search_for_the_run_and_none_leaves_it(tmp_path, m
 def test_a_bad_benchmark_is_refused(bad):
     with pytest.raises(ValueError, match=f"benchmark must be true, false or null .*got {bad!r}"):
         FederatedTrainer(DisPFL(), benchmark=bad)
+
+
+def _cpu(monkeypatch, machine: str, avx512_bf16: bool, amx: bool) -> None:
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+
+
+def test_bfloat16_on_an_x86_cpu_without_its_instructions_is_flagged(monkeypatch):
+    cpu = torch.device("cpu")
+    _cpu(monkeypatch, "x86_64", avx512_bf16=False, amx=False)
+    for precision in ("bf16-mixed", "bf16-true"):
+        message = slow_bfloat16(precision, cpu)
+        assert f"precision {precision!r}" in message and "avx512_bf16 or AMX" in message and "'32-true'" in message
+    assert slow_bfloat16("32-true", cpu) is None and slow_bfloat16("64-true", cpu) is None
+    assert slow_bfloat16("bf16-mixed", torch.device("cuda")) is None  # a GPU has its own bf16 units
+    _cpu(monkeypatch, "x86_64", avx512_bf16=True, amx=False)
+    assert slow_bfloat16("bf16-mixed", cpu) is None
+    _cpu(monkeypatch, "x86_64", avx512_bf16=False, amx=True)
+    assert slow_bfloat16("bf16-mixed", cpu) is None
+    _cpu(monkeypatch, "aarch64", avx512_bf16=False, amx=False)  # no x86 detector speaks for it: nothing said
+    assert slow_bfloat16("bf16-mixed", cpu) is None
+
+
+@pytest.mark.parametrize("precision, warned", [("bf16-mixed", True), ("32-true", False)])
+def test_a_run_in_bfloat16_on_such_a_cpu_warns_before_training(tmp_path, monkeypatch, precision, warned):
+    _cpu(monkeypatch, "x86_64", avx512_bf16=False, amx=False)
+    dm = FederatedDataModule(dataset="digits", num_clients=3, batch_size=32, test_samples_per_client=20)
+    trainer = FederatedTrainer(DisPFL(num_neighbors=2), rounds=1, local_epochs=1, accelerator="cpu", logger=False,
+                               enable_progress_bar=False, default_root_dir=str(tmp_path), precision=precision)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        def said() -> int:
+            return sum("no bfloat16 instructions" in str(w.message) for w in caught)
+
+        before_round = []  # the warnings given when the first round starts
+        trainer.run_round = lambda i, run=trainer.run_round: before_round.append(said()) or run(i)
+        trainer.fit(SparseClassifier("cnn_digits", density=0.5, seed=1), dm)
+    assert before_round == [int(warned)] and said() == int(warned)

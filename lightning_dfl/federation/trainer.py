@@ -50,6 +50,7 @@ from lightning_dfl.federation.kernels import (
     check_memory_format,
     input_converter,
     resolve_memory_format,
+    slow_bfloat16,
 )
 from lightning_dfl.federation.participation import RoundPlanner, check_faults
 from lightning_dfl.federation.plan import every_and_last
@@ -347,6 +348,9 @@ class FederatedTrainer:
         apply_memory_format(model.model, memory_format)
         apply_matmul_precision(self.matmul_precision, self.fabric.device)
         apply_benchmark(self.benchmark)
+        slow = slow_bfloat16(getattr(self.fabric.strategy.precision, "precision", ""), self.fabric.device)
+        if slow is not None:
+            rank_zero_warn(slow)
         model.mask.to(self.fabric.device)
         self.optimizer = self.fabric.setup_optimizers(self.algorithm.make_optimizer(model))
         if self.batched_clients:  # refused before the store is allocated
