@@ -30,10 +30,11 @@ def smallest_k_mask(values: Tensor, k: int) -> Tensor:
 
 
 def smallest_k_mask_among(values: Tensor, among: Tensor, k: int) -> Tensor:
-    """The ``k`` smallest of the entries where the boolean ``among`` is true (``k`` at most their count), ties by
-    position: for values without NaN or infinity, ``smallest_k_mask(values.masked_fill(~among, inf), k)``
-    (RigL's drop among the active weights and regrowth among the rest). On the CPU it selects among the
-    candidates alone in NumPy: filling a scattered half of a layer costs more there than selecting."""
+    """The ``k`` smallest of the finite ``values`` where the boolean ``among`` is true (``k`` at most their
+    count), ties by position: ``smallest_k_mask(values.masked_fill(~among, inf), k)``, which the accelerators
+    compute (RigL's drop among the active weights and regrowth among the rest, by magnitudes made finite). On the
+    CPU it selects among the candidates alone in NumPy: filling a scattered half of a layer costs more there than
+    selecting."""
     if not host_reads_are_cheap(values.device):
         return smallest_k_mask(values.masked_fill(~among, math.inf), k)
     candidates = np.flatnonzero(among.detach().reshape(-1).numpy())
