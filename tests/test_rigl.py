@@ -129,6 +129,33 @@ def test_selection_on_the_host_equals_a_stable_sort(dtype):
             assert torch.equal(host, sorted_), (values, k)
 
 
+@pytest.mark.parametrize("radix_min_size", [1, None])
+def test_the_counting_pass_finds_the_same_kth_value(monkeypatch, radix_min_size):
+    """float32 selection by the top 16 bits of order-preserving keys (every array when the size floor is 1; a
+    large one at the shipped floor) picks what the stable sort picks: negatives, -0.0 beside +0.0, infinities,
+    many ties in one bucket, NaN."""
+    import lightning_dfl.sparse.select as select
+
+    if radix_min_size is not None:
+        monkeypatch.setattr(select, "RADIX_MIN_SIZE", radix_min_size)
+    gen = torch.Generator().manual_seed(4)
+    sizes = [1, 2, 5, 17, 40] * 8 if radix_min_size else [select.RADIX_MIN_SIZE, 3 * select.RADIX_MIN_SIZE + 5]
+    for i, n in enumerate(sizes):
+        values = torch.randn(n, generator=gen) * 10.0 ** (i % 3 - 1)
+        values[torch.rand(n, generator=gen) < 0.3] = 1.5  # one bucket holds many ties
+        values[torch.rand(n, generator=gen) < 0.1] = -0.0
+        values[torch.rand(n, generator=gen) < 0.1] = 0.0
+        values[torch.rand(n, generator=gen) < 0.05] = -math.inf
+        values[torch.rand(n, generator=gen) < 0.05] = math.inf
+        if i % 2:
+            values[torch.rand(n, generator=gen) < 0.05] = math.nan
+        ks = range(n + 1) if n < 50 else [1, n // 7, n // 2, n - 3, n]
+        for k in ks:
+            with device_paths_on_cpu():
+                sorted_ = smallest_k_mask(values, k)
+            assert torch.equal(smallest_k_mask(values, k), sorted_), (n, k)
+
+
 def test_selection_among_candidates():
     """RigL's drop (among the active weights) and regrowth (among the rest): only candidates are chosen, the
     smallest (largest) first, ties by position; for finite values the same as filling the others with inf."""
