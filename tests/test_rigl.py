@@ -285,6 +285,9 @@ def test_random_mode_keeps_the_largest_and_is_deterministic():
 
     assert torch.equal(run(5), run(5))
     assert not torch.equal(run(5), run(6))
+    with device_paths_on_cpu():  # the accelerators' candidates (nonzero_static): the same draw, the same mask
+        on_device = run(5)
+    assert torch.equal(on_device, run(5))
     magnitudes = w["a"].abs()[m["a"]]
     threshold = magnitudes.sort().values[k]  # the n - k largest survive the drop
     survivors = m["a"] & (w["a"].abs() >= threshold)
