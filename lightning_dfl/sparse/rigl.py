@@ -86,9 +86,11 @@ def _layer_update(weight: Tensor, mask: Tensor, k: int, active: int, score: Tens
     """Drop ``k`` smallest-|w| active entries, regrow ``k`` inactive ones (by score, else random);
     ``active`` is the mask's number of active entries.
 
-    Works on whole layers with sentinels (inactive entries rank last for dropping, kept ones last
-    for regrowth) instead of gathering index lists: a few linear passes per layer, and no read of the
-    device's values (the random candidates' count is ``n - active + k``).
+    On an accelerator it works on whole layers with sentinels (inactive entries rank last for dropping,
+    kept ones last for regrowth) instead of gathering index lists: a few linear passes per layer, and no
+    read of the device's values (the random candidates' count is ``n - active + k``). On the CPU it selects
+    among each step's candidates alone, in NumPy (:func:`~lightning_dfl.sparse.select.smallest_k_mask_among`):
+    the same masks.
     """
     flat = mask.reshape(-1)
     if k == 0 or active == flat.numel():  # a dense layer regrows exactly what it dropped
