@@ -164,9 +164,8 @@ def rigl_masks(
     devices = {flat.device for flat in binary.values()}
     if mode == "gradient" and binary and len(devices) == 1 and not host_reads_are_cheap(next(iter(devices))):
         # an accelerator: every layer at once, the drop counts computed where the masks are (nothing read)
-        names = list(binary)
         ks = num_dropped_together(float(drop_fraction), count_active_together(binary))
-        return _layers_update_together(weights, binary, ks, scores, names)
+        return _layers_update_together(weights, binary, ks, scores)
     actives = active_counts(binary)  # every layer's count in one read
     ks = {name: num_dropped(float(drop_fraction), active) for name, active in actives.items()}
     return {name: _layer_update(weights[name], flat, ks[name], actives[name],
@@ -175,11 +174,12 @@ def rigl_masks(
 
 
 def _layers_update_together(weights: Mapping[str, Tensor], binary: Mapping[str, Tensor], k: Tensor,
-                            scores: Mapping[str, Tensor], names: list[str]) -> Masks:
-    """:func:`_layer_update` by gradient of the layers ``names`` at once (their values concatenated, each layer
-    selected as a part of them: :func:`~lightning_dfl.sparse.select.smallest_k_masks_together`; ``k``: their drop
-    counts, an int64 tensor on their device), with the same result (a layer that drops nothing, or a dense one,
-    regrows exactly what it dropped); a few kernels for all layers. New masks are views of one buffer."""
+                            scores: Mapping[str, Tensor]) -> Masks:
+    """:func:`_layer_update` by gradient of every layer of ``binary`` at once (their values concatenated, each
+    layer selected as a part of them: :func:`~lightning_dfl.sparse.select.smallest_k_masks_together`; ``k``: their
+    drop counts, an int64 tensor on their device), with the same result (a layer that drops nothing, or a dense
+    one, regrows exactly what it dropped); a few kernels for all layers. New masks are views of one buffer."""
+    names = list(binary)
     device = binary[names[0]].device
     sizes = [binary[n].numel() for n in names]
 
