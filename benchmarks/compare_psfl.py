@@ -176,7 +176,7 @@ def summarize(history: list[dict[str, float]], target: float, warmup_rounds: int
         "mean_round_time": float(np.mean(train_durations)) if train_durations else None,
         "W": last.get("psfl/W"), "S": last.get("psfl/S"),
     }
-    for key in ("w_star_mean", "w_star_max", "sigma2", "B", "t_mean", "kappa2_mean", "kappa2_max"):
+    for key in ("w_star_mean", "w_star_max", "sigma2", "sigma2_minibatch", "B", "t_mean", "kappa2_mean", "kappa2_max"):
         if f"psfl/{key}" in last:
             out[key] = last[f"psfl/{key}"]
     return out
@@ -340,7 +340,8 @@ def render_markdown(data: dict[str, Any]) -> str:
                       "budget, less sensitive to the curves' swings between evaluations than a first crossing."]
     lines += [
         "",
-        f"Solver (after the warm-up): sigma^2 = {_num(psfl.get('sigma2'), '.4g')}, B = {_num(psfl.get('B'), '.4g')}, "
+        f"Solver (after the warm-up): sigma^2 = {_num(psfl.get('sigma2'), '.4g')} (per sample, Eq. 24; per training "
+        f"mini-batch it would be {_num(psfl.get('sigma2_minibatch'), '.4g')}), B = {_num(psfl.get('B'), '.4g')}, "
         f"tbar = {_num(psfl.get('t_mean'), '.4g')}, kappa^2 = {_num(psfl.get('kappa2_mean'), '.4g')} (mean, Eq. 26) / "
         f"{_num(psfl.get('kappa2_max'), '.4g')} (max); W* = {_num(psfl.get('w_star_mean'), '.3f')} (mean) / "
         f"{_num(psfl.get('w_star_max'), '.3f')} (max); chosen (S, W) = ({psfl['S']:.0f}, {psfl['W']:.0f}). "

@@ -234,7 +234,7 @@ class FederatedTrainer:
                                "precision": precision, "strategy": strategy}
         self.fabric = Fabric(**self._fabric_kwargs)  # validates accelerator and precision now; rebuilt in fit
         self.callbacks = self._merge_callbacks(callbacks)
-        self.logger = build_logger(logger, default_root_dir, self.algorithm.name)
+        self.logger = build_logger(logger, default_root_dir, self.algorithm.run_name())
         self.history: list[dict[str, float]] = []
         self.summary: RunSummary | None = None
         self.store: ClientStore | None = None

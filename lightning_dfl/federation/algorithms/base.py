@@ -28,7 +28,7 @@ __all__ = ["Algorithm", "GossipAlgorithm", "RoundContext", "TaskContext"]
 DECLARED_FLAGS = ("shardable", "reads_only_sources")
 #: methods a subclass may define and still inherit :data:`DECLARED_FLAGS`: they set it up or name it,
 #: they change nothing a task does (any other method, a hook or a helper, is a change of behaviour)
-NEUTRAL_METHODS = ("__init__", "validate", "deviations", "label", "__repr__")
+NEUTRAL_METHODS = ("__init__", "validate", "deviations", "label", "run_name", "__repr__")
 #: class attributes that change what a task does: setting one is a change of behaviour too
 BEHAVIOUR_ATTRIBUTES = ("keep_optimizer_state",)
 
@@ -258,6 +258,10 @@ class Algorithm:
         deviations = self.deviations()
         title = self.title or self.name
         return f"{title} ({', '.join(deviations)})" if deviations else title
+
+    def run_name(self) -> str:
+        """The run folder's name under ``default_root_dir`` (default :attr:`name`)."""
+        return self.name
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

@@ -26,10 +26,12 @@ from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext, average_messages
 from lightning_dfl.federation.algorithms.psfl_structure import optimal_parallel_width, training_structure
 from lightning_dfl.federation.messages import Message
+from lightning_dfl.gradient_noise import batch_dependent_layers, minibatch_moments, per_sample_moments
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.sampling import SAMPLERS, build_sampler
 
 KAPPA2_ESTIMATORS = ("mean", "max")
+SIGMA2_ESTIMATORS = ("per_sample", "minibatch")
 
 
 class PSFL(Algorithm):
@@ -43,24 +45,30 @@ class PSFL(Algorithm):
         kappa2_estimator: ``"mean"`` (Eq. 26) or ``"max"`` (the slowest client's variance, notes 5);
             W* is logged under both.
         c0: the step-size constant of Eq. 8, in (0, 1/5) (notes 18).
+        sigma2_estimator: ``"per_sample"`` (Eq. 24 and Assumption 3: the variance of one sample's
+            gradient, from exact per-sample gradients; default) or ``"minibatch"`` (the spread of the
+            training mini-batches' gradients, about b times smaller: a departure, labelled).
         continue_from_warmup: start training from the warm-up's x^K instead of x^0.
         target_accuracy: if set, ``time/to_target`` logs the simulated time (warm-up included) at the
             first evaluation whose ``acc/global`` reaches it (notes 17), and every round after.
 
     Nodes: the clients, then the server's global model (node K) and the warm-up model (node K + 1).
     Logged: ``psfl/W``, ``psfl/S``, after the warm-up ``psfl/w_star_mean`` and ``psfl/w_star_max`` (W* under
-    either kappa^2) with the estimates ``psfl/sigma2``, ``psfl/B``, ``psfl/t_mean``, ``psfl/kappa2_mean``,
+    either kappa^2) with the estimates ``psfl/sigma2`` (Eq. 24, or the mini-batch departure), ``psfl/sigma2_minibatch``
+    (the mini-batch convention's value, for comparison), ``psfl/B``, ``psfl/t_mean``, ``psfl/kappa2_mean``,
     ``psfl/kappa2_max``; ``psfl/warmup`` (1 in warm-up rounds), ``time/warmup`` (their simulated time).
     """
 
     name = "psfl"
+    title = "PSFL"
     reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
     num_servers = 2
     headline = "global"
 
     def __init__(self, clients_per_round: int = 20, sequences: int | None = None, sampler: str = "time",
                  warmup_rounds: int = 5, kappa2_estimator: str = "mean", c0: float = 0.1,
-                 continue_from_warmup: bool = False, target_accuracy: float | None = None) -> None:
+                 continue_from_warmup: bool = False, target_accuracy: float | None = None,
+                 sigma2_estimator: str = "per_sample") -> None:
         self.clients_per_round = check_int("clients_per_round (N0)", clients_per_round, 1)
         if sequences is not None:
             check_int("sequences (W)", sequences, 1)
@@ -77,6 +85,9 @@ class PSFL(Algorithm):
         if not is_number(c0) or not 0 < c0 < 0.2:
             raise ValueError(f"c0 must be in (0, 1/5) (PSFL Eq. 8), got {c0!r}")
         self.c0 = float(c0)
+        if sigma2_estimator not in SIGMA2_ESTIMATORS:
+            raise ValueError(f"unknown sigma2_estimator {sigma2_estimator!r}; allowed: {', '.join(SIGMA2_ESTIMATORS)}")
+        self.sigma2_estimator = sigma2_estimator
         self.continue_from_warmup = bool(continue_from_warmup)
         if target_accuracy is not None and (not is_number(target_accuracy) or not 0 < target_accuracy <= 1):
             raise ValueError(f"target_accuracy must be in (0, 1] (or None), got {target_accuracy!r}")
@@ -93,6 +104,7 @@ class PSFL(Algorithm):
         # dropout, a deadline, participants), never paired by list position
         self._warm_times: list[dict[int, float]] = []  # per warm-up round: {client: t_n^k}
         self._sigma2: list[dict[int, float]] = []  # per warm-up round: {client: sigma^2_(n,k)} (Eq. 24)
+        self._sigma2_minibatch: list[dict[int, float]] = []  # the same under the mini-batch convention (logged)
         self._b: list[float] = []  # per warm-up round
         self._grad_norms: dict[int, float] = {}  # this warm-up round: {client: ||grad F_n(x^k)||^2}
         self._structure: tuple[int, int] | None = (None if self.sequences is None
@@ -103,6 +115,40 @@ class PSFL(Algorithm):
         self._warmup_time = 0.0
         self._time_to_target: float | None = None
         self._pending: tuple[list[int], tuple[float, ...] | None, bool] | None = None
+
+    def setup(self, module: Any, datamodule: Any) -> None:
+        coupled = batch_dependent_layers(module.model)
+        if self.warmup_rounds and self.sigma2_estimator == "per_sample" and coupled:
+            raise ValueError(f"PSFL's per-sample sigma^2 (Eq. 24) needs a model whose batch loss is a mean of per-sample "
+                             f"losses; {module.hparams.arch} has BatchNorm layers ({coupled[0]}, ...), which couple the "
+                             "samples of a batch: use a model without BatchNorm, fix the structure with `sequences`, "
+                             "or set sigma2_estimator: minibatch (a departure, docs/psfl.md)")
+
+    def deviations(self) -> list[str]:
+        """A fixed structure (no warm-up) is named with its sampler, and "= FedAvg" (S = 1) or "= SFL" (W = 1)
+        when it is that baseline (psfl-notes 11); the mini-batch sigma^2 departs from Eq. 24."""
+        if self.sequences is not None:
+            return [f"W = {self.sequences}, S = {self.clients_per_round // self.sequences}, {self.sampler}"]
+        return ["sigma^2 per minibatch"] if self.sigma2_estimator == "minibatch" else []
+
+    def baseline(self) -> str | None:
+        """``"FedAvg"`` when the fixed structure is W = N0 sequences of one client, ``"SFL"`` when it is one
+        sequence of N0 (psfl-notes 11); else ``None``."""
+        if self.sequences == self.clients_per_round:
+            return "FedAvg"
+        return "SFL" if self.sequences == 1 and self.clients_per_round > 1 else None
+
+    def label(self) -> str:
+        """E.g. "PSFL", "PSFL (W = 20, S = 1, uniform) = FedAvg", "PSFL (W = 4, S = 5, time)"."""
+        baseline = self.baseline()
+        return super().label() + (f" = {baseline}" if baseline else "")
+
+    def run_name(self) -> str:
+        """``psfl``, or ``psfl_fedavg`` / ``psfl_sfl`` / ``psfl_w4`` for a fixed structure."""
+        if self.sequences is None:
+            return self.name
+        baseline = self.baseline()
+        return f"{self.name}_{baseline.lower() if baseline else f'w{self.sequences}'}"
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -193,10 +239,12 @@ class PSFL(Algorithm):
         all_times = [t for ts in per_client.values() for t in ts]
         variances = [float(np.var(ts)) for _, ts in sorted(per_client.items()) if len(ts) >= 2]
         sigma2 = [v for row in self._sigma2 for v in row.values()]
+        minibatch = [v for row in self._sigma2_minibatch for v in row.values()]
         return {"t_mean": float(np.mean(all_times)) if all_times else 1.0,
                 "kappa2_mean": float(np.mean(variances)) if variances else 0.0,
                 "kappa2_max": float(np.max(variances)) if variances else 0.0,
                 "sigma2": float(np.mean(sigma2)) if sigma2 else 0.0,
+                "sigma2_minibatch": float(np.mean(minibatch)) if minibatch else 0.0,
                 "B": float(np.mean(self._b)) if self._b else 0.0}
 
     def _solve_structure(self) -> None:
@@ -207,8 +255,8 @@ class PSFL(Algorithm):
         for name, k2 in kappa2.items():
             self._w_star[f"w_star_{name}"] = float(optimal_parallel_width(self.clients_per_round, sigma2, b, t_mean,
                                                                           max(k2, 1e-12), self.c0))
-        self._w_star.update({"sigma2": sigma2, "B": b, "t_mean": t_mean, "kappa2_mean": kappa2["mean"],
-                             "kappa2_max": kappa2["max"]})
+        self._w_star.update({"sigma2": sigma2, "sigma2_minibatch": est["sigma2_minibatch"], "B": b, "t_mean": t_mean,
+                             "kappa2_mean": kappa2["mean"], "kappa2_max": kappa2["max"]})
         self._structure = training_structure(self.clients_per_round, self._w_star[f"w_star_{self.kappa2_estimator}"])
 
     # -- one task -------------------------------------------------------------------------
@@ -218,35 +266,31 @@ class PSFL(Algorithm):
         return self._gradient_statistics(ctx)
 
     def _gradient_statistics(self, ctx: TaskContext) -> float:
-        """Eq. 24-25 for one client at x^k: its full local gradient (the sample-weighted mean of its
-        mini-batch gradients at the training batch size) and sigma^2_(n,k), the mean squared distance
-        of the mini-batch gradients from it. The weights do not move."""
+        """Eq. 24-25 for one client at x^k: its full local gradient grad F_n(x^k) (the mean gradient over its
+        samples) and sigma^2_(n,k) = E_xi ||grad f(x^k; xi) - grad F_n(x^k)||^2, xi one sample drawn
+        uniformly from its data (Assumption 3), from exact per-sample gradients; with
+        ``sigma2_estimator="minibatch"`` the spread of its training mini-batches' gradients instead (a
+        departure: about b times smaller). The weights do not move."""
         module = ctx.module
-        params = {n: p for n, p in module.model.named_parameters() if p.requires_grad}
-        grad_sum = {k: torch.zeros_like(p, dtype=torch.float64) for k, p in params.items()}
-        grad_sq, loss_sum, count = 0.0, 0.0, 0
         module.train()
-        for batch in ctx.train_batches:
-            module.zero_grad(set_to_none=True)
-            with ctx.fabric.autocast():
-                loss = self.loss(ctx, batch)
-            ctx.fabric.backward(loss)
-            n = int(batch[1].shape[0])
-            for k, p in params.items():
-                g = p.grad.detach().double()
-                grad_sum[k].add_(g, alpha=n)
-                grad_sq += n * float(g.square().sum())
-            loss_sum += float(loss.detach()) * n
-            count += n
-        module.zero_grad(set_to_none=True)
-        if not count:
+        if self.sigma2_estimator == "per_sample":
+            masks = module.mask.masks if module.mask is not None else None
+            moments = per_sample_moments(module.model, ctx.train_batches, masks, autocast=ctx.fabric.autocast)
+        else:
+            def loss(batch: Any) -> Tensor:
+                with ctx.fabric.autocast():
+                    return self.loss(ctx, batch)
+            moments = minibatch_moments(module.model, ctx.train_batches, loss, backward=ctx.fabric.backward)
+        if not moments.count:
             return float("nan")
-        full = {k: v / count for k, v in grad_sum.items()}
-        # sigma^2 = sum_b n_b ||g_b - g||^2 / n = sum_b n_b ||g_b||^2 / n - ||g||^2
-        sigma2 = max(grad_sq / count - sum(float(v.square().sum()) for v in full.values()), 0.0)
+        full = moments.full_gradient()
+        sigma2 = moments.variance()
         node = int(ctx.node)
         while len(self._sigma2) <= ctx.round_idx:
             self._sigma2.append({})
+        while len(self._sigma2_minibatch) <= ctx.round_idx:
+            self._sigma2_minibatch.append({})
+        self._sigma2_minibatch[ctx.round_idx][node] = moments.minibatch_variance()
         if node in self._grad_norms:
             raise RuntimeError(f"PSFL warm-up: client {node} computed its gradient twice in round {ctx.round_idx}")
         self._sigma2[ctx.round_idx][node] = sigma2
@@ -255,7 +299,7 @@ class PSFL(Algorithm):
         for k, v in full.items():
             self._grad_sum[k].add_(v)
         self._grad_norms[node] = sum(float(v.square().sum()) for v in full.values())
-        return loss_sum / count
+        return moments.loss_sum / moments.count
 
     def server_step(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor]:
         if ctx.round_idx >= self.warmup_rounds:
@@ -296,7 +340,7 @@ class PSFL(Algorithm):
     def state_dict(self) -> dict[str, Any]:
         return {"time_sum": torch.from_numpy(self._time_sum.copy()), "time_sq": torch.from_numpy(self._time_sq.copy()),
                 "time_count": torch.from_numpy(self._time_count.copy()), "warm_times": self._warm_times,
-                "sigma2": self._sigma2, "b": self._b, "w_star": {k: float(v) for k, v in self._w_star.items()}, "warmup_time": self._warmup_time,
+                "sigma2": self._sigma2, "sigma2_minibatch": self._sigma2_minibatch, "b": self._b, "w_star": {k: float(v) for k, v in self._w_star.items()}, "warmup_time": self._warmup_time,
                 "time_to_target": self._time_to_target,
                 "structure": list(self._structure) if self._structure is not None else None}
 
@@ -312,6 +356,7 @@ class PSFL(Algorithm):
         sigma2 = state["sigma2"]
         self._sigma2 = ([keyed(row) for row in sigma2] if all(isinstance(row, dict) for row in sigma2)
                         else [{k: float(v) for k, v in enumerate(sigma2)}])  # older: a flat list
+        self._sigma2_minibatch = [keyed(row) for row in state.get("sigma2_minibatch", [])]  # older: not recorded
         self._b = list(map(float, state["b"]))
         self._w_star = {k: float(v) for k, v in state["w_star"].items()}
         self._warmup_time = float(state["warmup_time"])
