@@ -26,6 +26,31 @@ def test_time_varying_topology_has_exact_in_and_out_degree():
         assert (out_degree == 10).all()
 
 
+def _strongly_connected(nbrs):
+    """Every client reaches every other along the edges j -> k (k hears j), and back."""
+    k = len(nbrs)
+    adj = np.zeros((k, k), dtype=bool)
+    for receiver, senders in enumerate(nbrs):
+        adj[senders, receiver] = True
+    reach = np.eye(k, dtype=bool) | adj
+    for _ in range(k):
+        reach = reach | ((reach.astype(int) @ reach.astype(int)) > 0)
+    return bool(reach.all())
+
+
+@pytest.mark.parametrize("num_clients,num_neighbors", [(20, 4), (12, 2), (30, 3)])
+def test_time_varying_topology_connects_every_round(num_clients, num_neighbors):
+    """A shift set sharing a factor with K (K = 20: {4, 10, 12, 16}) splits the round's graph (spectral gap 0, ~3 %
+    of draws at K = 20, M = 4): such sets are drawn again, so every round's graph is strongly connected."""
+    topo = TimeVaryingTopology(num_neighbors=num_neighbors)
+    rng = np.random.default_rng(0)
+    for round_idx in range(300):
+        nbrs = topo.neighbors(num_clients, round_idx, rng)
+        assert _strongly_connected(nbrs), f"round {round_idx}: {nbrs}"
+        assert all(len(ns) == num_neighbors for ns in nbrs)
+    assert topo.neighbors(5, 0, rng) and TimeVaryingTopology(0).neighbors(6, 0, rng) == [[]] * 6
+
+
 def test_time_varying_topology_changes_each_round_and_is_seeded():
     topo = TimeVaryingTopology(num_neighbors=3)
     a = topo.neighbors(20, 0, np.random.default_rng(1))
