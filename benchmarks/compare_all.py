@@ -37,7 +37,7 @@ import torch
 
 from lightning_dfl.cli import FederatedCLI
 from lightning_dfl.federation.algorithms import ALGORITHMS
-from lightning_dfl.federation.report import RunSummary
+from lightning_dfl.federation.report import RunSummary, mean_client_density
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -145,7 +145,8 @@ def run_one(name: str, args: argparse.Namespace, partition: str, spe: int,
         failure = str(err).split(";")[0]
     wall = time.perf_counter() - start
     history = [dict(m) for m in trainer.history]
-    summary = RunSummary.from_history(trainer.algorithm, history, wall, None)
+    summary = RunSummary.from_history(trainer.algorithm, history, wall, None,
+                                      mean_client_density(trainer.store, trainer.num_clients))
     metric = headline_metric(history)
     busiest_total = sum(m.get("comm/busiest_bytes", 0.0) for m in history)
     finals = {}

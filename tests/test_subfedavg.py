@@ -150,3 +150,16 @@ def test_the_headline_is_the_subnetwork_accuracy_on_every_client():
     for m in trainer.history:
         assert m["acc/headline"] == m["acc/subnetwork_mean"]
     assert trainer.history[-1]["acc/best"] == max(m["acc/subnetwork_mean"] for m in trainer.history)
+
+
+def test_the_summary_density_is_the_mean_over_all_clients_not_the_last_rounds_sample():
+    """The summary's "density (mean over all clients)": every client's final mask, as ``subfedavg/density_mean``;
+    the last round's ``density/mean`` covers only its sampled clients (and their masks before pruning)."""
+    algo = SubFedAvg(clients_per_round=2, prune_fraction=0.3, target_density=0.5, acc_thresh=0.0)
+    trainer = _fit(algo, rounds=3)
+    store, size = trainer.store, trainer.store.masked_size()
+    by_hand = sum(sum(int(m.sum()) for m in store.mask(k).values()) / size for k in range(K)) / K
+    last = trainer.history[-1]
+    assert trainer.summary.final_density == pytest.approx(by_hand, rel=1e-12)
+    assert trainer.summary.final_density == pytest.approx(last["subfedavg/density_mean"], rel=1e-12)
+    assert trainer.summary.final_density != pytest.approx(last["density/mean"])  # today's sample, not everyone

@@ -208,6 +208,16 @@ def _finite_or_null(value: Any) -> Any:
     return value
 
 
+def mean_client_density(store: Any, num_clients: int) -> float:
+    """The mean over clients ``0..num_clients-1`` of their current masks' density (active share of the masked
+    set; 1 without one), summed by client id. A round's ``density/mean`` covers only its trained clients
+    (Sub-FedAvg samples 5 of 20), so the summary's "mean over clients" is taken here, over all of them."""
+    size = store.masked_size()
+    if not size or not num_clients:
+        return 1.0
+    return sum(sum(int(m.sum()) for m in store.mask(k).values()) / size for k in range(num_clients)) / num_clients
+
+
 @dataclass
 class RunSummary:
     """The headline numbers of a finished run."""
@@ -216,6 +226,7 @@ class RunSummary:
     rounds: int
     final_accuracy: float
     best_accuracy: float
+    #: the mean over every client (not only the last round's participants) of its final mask's density
     final_density: float
     flops_per_client_round: float
     flops_total: float
@@ -233,7 +244,9 @@ class RunSummary:
 
     @classmethod
     def from_history(cls, algorithm: Any, history: list[dict[str, float]], wall_time_s: float,
-                     log_dir: str | None) -> "RunSummary":
+                     log_dir: str | None, final_density: float | None = None) -> "RunSummary":
+        """``final_density``: the mean over all clients (:func:`mean_client_density`); without it, the last
+        round's ``density/mean``, which covers only the clients that trained in it."""
         last = history[-1]
         headline = [m["acc/headline"] for m in history if "acc/headline" in m]
         rounds = len(history)
@@ -243,7 +256,7 @@ class RunSummary:
             rounds=rounds,
             final_accuracy=headline[-1] if headline else float("nan"),
             best_accuracy=max(headline) if headline else float("nan"),
-            final_density=last.get("density/mean", float("nan")),
+            final_density=last.get("density/mean", float("nan")) if final_density is None else final_density,
             flops_per_client_round=last.get("flops/train_per_client", 0.0),
             flops_total=sum(m.get("flops/train_total", 0.0) for m in history),
             busiest_mb_per_round=sum(m.get("comm/busiest_bytes", 0.0) for m in history) / rounds / MB,
@@ -275,7 +288,7 @@ def print_summary(summary: RunSummary, console: Console | None = None) -> None:
                   show_header=False)
     table.add_row(f"{summary.headline} (final)", f"{100 * summary.final_accuracy:.2f} %")
     table.add_row(f"{summary.headline} (best round)", f"{100 * summary.best_accuracy:.2f} %")
-    table.add_row("density (mean over clients)", f"{summary.final_density:.4f}")
+    table.add_row("density (mean over all clients)", f"{summary.final_density:.4f}")
     table.add_row("training FLOPs per client per round", f"{summary.flops_per_client_round:.3e}")
     table.add_row("training FLOPs, whole run", f"{summary.flops_total:.3e}")
     table.add_row("busiest node per round (values)", f"{summary.busiest_mb_per_round:.3f} MB (10^6 B)")

@@ -54,7 +54,14 @@ from lightning_dfl.federation.kernels import (
 )
 from lightning_dfl.federation.participation import RoundPlanner, check_faults
 from lightning_dfl.federation.plan import every_and_last
-from lightning_dfl.federation.report import RoundReporter, RunSummary, build_logger, print_summary, progress_bar
+from lightning_dfl.federation.report import (
+    RoundReporter,
+    RunSummary,
+    build_logger,
+    mean_client_density,
+    print_summary,
+    progress_bar,
+)
 from lightning_dfl.federation.sharding import ShardedExecutor, check_processes, check_shardable
 from lightning_dfl.federation.state import ClientFields, ClientStore
 from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
@@ -477,7 +484,7 @@ class FederatedTrainer:
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx + 1} of {self.rounds}")
         earlier = sum(m.get("time/wall_round_s", 0.0) for m in self.history[:first_round])
         self.summary = RunSummary.from_history(self.algorithm, self.history, earlier + time.perf_counter() - start,
-                                               self.log_dir)
+                                               self.log_dir, mean_client_density(self.store, self.num_clients))
         self.reporter.warn_without_accuracy(self.summary, self.deadline)
         if self.state.step_graphs is not None:
             counts = self.state.step_graphs.counts
