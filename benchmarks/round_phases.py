@@ -180,7 +180,9 @@ def instrument(trainer: Any, timer: PhaseTimer, device_paths: bool = False) -> N
     trainer._setup = setup
 
 
-def main() -> None:
+def main() -> list[tuple[int, float, dict[str, float], dict[str, int], dict[str, int]]]:
+    """Run, print (and write) the tables; return the rows unrounded: ``(round, wall s, seconds by phase, kernels
+    by phase, host reads by phase)``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--rounds", type=int, default=2, help="rounds to run (the first is a warm-up)")
@@ -254,6 +256,7 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}")
+    return rows
 
 
 if __name__ == "__main__":
