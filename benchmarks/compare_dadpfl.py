@@ -36,7 +36,7 @@ import torch
 from lightning_dfl.callbacks.voting import PruningTimeVoting
 from lightning_dfl.cost import CostModel, Workload
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.datamodules.datasets import DATASETS, ImageData, Split, load_mnist
+from lightning_dfl.datamodules.datasets import DATASETS, EMBEDDED, ImageData, Split, load_mnist
 from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DisPFL
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
@@ -85,7 +85,7 @@ def build_datamodule(args: argparse.Namespace, partition: str) -> FederatedDataM
     if dataset == "mnist" and args.train_samples:
         dataset = register_mnist_subset(args.root, args.train_samples, args.seed)
     return FederatedDataModule(
-        dataset=dataset, root=args.root, num_clients=args.clients, partition=partition, alpha=0.3,
+        dataset=dataset, root=None if dataset in EMBEDDED else args.root, num_clients=args.clients, partition=partition, alpha=0.3,
         classes_per_client=2, test_samples_per_client=args.test_samples, batch_size=args.batch_size,
         augment=False, seed=args.seed,
     )

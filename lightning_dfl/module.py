@@ -133,6 +133,7 @@ class SparseClassifier(LightningModule):
         self.save_hyperparameters()
         self.model: nn.Module | None = None
         self.mask: ModelMask | None = None
+        self._dense_init: dict[str, Tensor] = {}
         self._flops: FlopsProfile | None = None
         if num_classes is not None and in_channels is not None and image_size is not None:
             self.build(num_classes, in_channels, image_size)
@@ -181,6 +182,9 @@ class SparseClassifier(LightningModule):
             raise ValueError(f"density={hp.density:g} leaves {len(empty)} masked layer(s) of {hp.arch} with no active "
                              f"weight (first: {empty[0]!r}, {masks[empty[0]].numel()} weights); raise model.density or "
                              "keep such layers dense with model.mask_exclude")
+        # the shared dense init w0 before the module's own mask zeroes it (DisPFL Alg. 1 line 2: a federation's
+        # client k starts from w0 * m_k, its own mask; see :meth:`shared_initialization`)
+        self._dense_init = {n: p.detach().clone() for n, p in self.maskable_parameters().items()}
         self.mask = ModelMask(self.model, masks).attach()
         self._flops = profile_flops(self.model, (in_channels, image_size, image_size))
 
@@ -202,6 +206,31 @@ class SparseClassifier(LightningModule):
                 kind = str(dtype).removeprefix("torch.")
                 raise ValueError(f"model.{name}={value:g} cannot be represented in the model's {kind} parameters; "
                                  f"allowed: at most {largest:g} (and far less trains)")
+
+    def dense_init(self) -> dict[str, Tensor]:
+        """The masked weights as the builder initialized them, before the module's own mask zeroed any:
+        the masked part of the shared dense initialization w0 (copies on the CPU, named as :attr:`mask`)."""
+        return {n: t.clone() for n, t in self._dense_init.items()}
+
+    @torch.no_grad()
+    def shared_initialization(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The shared dense initialization w0 that every client of a federation is masked from: DisPFL
+        Alg. 1 line 2 (and DA-DPFL Alg. 1) starts client k from w0 * m_k, m_k its own mask.
+
+        ``weights`` is the model's floating state (the worker's tensors, on any device and dtype); the
+        result holds the same tensors, except that each masked weight takes the dense initial value
+        (:meth:`dense_init`) wherever the module's own mask zeroed it: the module's mask is its own at
+        its density (a plain ``Trainer`` trains under it) and must not zero entries of w0 that another
+        client's mask keeps. Where the module's mask keeps a weight its current value is kept, so a
+        client with the module's mask starts exactly from the module's weights.
+        """
+        assert self.mask is not None, "build the module first"
+        out = dict(weights)
+        for name, dense in self._dense_init.items():
+            current = weights[name]
+            keep = self.mask.masks[name].to(current.device)
+            out[name] = torch.where(keep, current, dense.to(device=current.device, dtype=current.dtype))
+        return out
 
     @property
     def input_spec(self) -> tuple[int, int, int]:

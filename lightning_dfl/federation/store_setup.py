@@ -66,7 +66,14 @@ def build_store(kind: str, where: str, worker: dict[str, Tensor], model: Any, fi
                 num_clients: int, num_nodes: int, personal_masks: bool, seed: int, worker_device: torch.device,
                 processes: int) -> ClientStore:
     """The run's client store (``kind``: dense or compact; ``where``: its ``store_device`` setting), checked to
-    fit before it is allocated, every node initialized with the worker's model and its initial mask."""
+    fit before it is allocated, every node initialized with its initial mask.
+
+    Node k starts from w0 * m_k (DisPFL Alg. 1 line 2; DA-DPFL the same): w0 is the one shared dense
+    initialization, the worker's weights before the module's own mask zeroed any
+    (:meth:`~lightning_dfl.module.SparseClassifier.shared_initialization`), and m_k the node's initial mask
+    (with personal masks its own random one; else the module's, and w0 * m_k is the worker's model).
+    The store multiplies by the mask, so the weights a client's mask keeps are all w0's (none is zero)
+    and two clients agree wherever both masks keep a weight."""
     masked, density = list(model.mask.masks), model.mask.density()
     estimate = store_bytes(kind, worker, masked, num_nodes, density, fields)
     device, reason = resolve_store_device(where, worker_device, estimate)
@@ -75,6 +82,7 @@ def build_store(kind: str, where: str, worker: dict[str, Tensor], model: Any, fi
     check_store_fits(kind, worker, masked, num_nodes, density, device, processes=processes)
     store = store_class(kind)(worker, masked, num_nodes, device=device, fields=fields,
                               pin_memory=pin_store_memory(device, worker_device, estimate, processes))
+    shared = model.shared_initialization(worker)
     for node, mask in enumerate(initial_masks(model, personal_masks, seed, num_clients, num_nodes)):
-        store.initialize(node, worker, mask)
+        store.initialize(node, shared, mask)
     return store
