@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import platform
 import sys
 import tempfile
 import warnings
@@ -83,9 +84,22 @@ def run(name: str, root: str) -> dict:
     return {"metrics": metrics, "clients": clients, "nodes": nodes}
 
 
+def _cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> str:
-    """The kernels' code path: float results are bit-identical only on the same one."""
-    return f"torch {torch.__version__.split('+')[0]}, {torch.backends.cpu.get_cpu_capability()}"
+    """The kernels' code path: float results are bit-identical only on the same one. The ISA level alone
+    does not fix it: oneDNN and the BLAS pick other kernels on another processor of the same level (an
+    AVX512 AMD EPYC and an AVX512 Intel Xeon differ in the last bits), so the model name is part of it."""
+    return f"torch {torch.__version__.split('+')[0]}, {torch.backends.cpu.get_cpu_capability()}, {_cpu_model()}"
 
 
 def main() -> None:
