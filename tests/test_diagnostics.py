@@ -389,3 +389,90 @@ def test_under_heavy_dropout_the_realized_w_is_row_stochastic_and_the_gap_in_0_1
         assert torch.allclose(sub.sum(dim=1), torch.ones(len(participants), dtype=torch.float64))
     gaps = [m["diag/spectral_gap"] for m in trainer.history if not math.isnan(m["diag/spectral_gap"])]
     assert gaps and all(0.0 <= g <= 1.0 + 1e-12 for g in gaps), gaps
+
+
+@pytest.mark.parametrize("p", [20, 43])
+def test_the_spectral_gap_of_a_full_average_survives_lapacks_failure(p):
+    """W = J (every participant takes the uniform mean of all: PSFL's warm-up, FedAvg over everyone): (I - J) W is
+    rounding residue, on which torch's float64 eigvals fails to converge for P = 20 and 43. It ended 6 of 11 PSFL
+    runs at dropout 0.1-0.3; the NumPy and Gelfand fallbacks give rho = 0, gap = 1."""
+    w = torch.full((p, p), 1.0 / p, dtype=torch.float64)
+    gap, rho = D.spectral_gap(w)
+    assert rho == pytest.approx(0.0, abs=1e-12) and gap == pytest.approx(1.0, abs=1e-12)
+
+
+def test_spectral_radius_falls_back_to_numpy_then_to_gelfands_formula(monkeypatch):
+    """The three paths agree on matrices with known radii: a rotation-scaling, a Jordan block, a nilpotent one."""
+    cases = [(torch.tensor([[0.0, -0.5], [0.5, 0.0]], dtype=torch.float64), 0.5),
+             (torch.tensor([[0.7, 1.0, 0.0], [0.0, 0.7, 1.0], [0.0, 0.0, 0.7]], dtype=torch.float64), 0.7),
+             (torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=torch.float64), 0.0),
+             (torch.zeros(3, 3, dtype=torch.float64), 0.0)]
+    fail = lambda *a, **k: (_ for _ in ()).throw(torch.linalg.LinAlgError("failed to converge"))  # noqa: E731
+    for m, rho in cases:
+        assert D.spectral_radius(m) == pytest.approx(rho, abs=1e-9)
+    monkeypatch.setattr(torch.linalg, "eigvals", fail)
+    for m, rho in cases:
+        assert D.spectral_radius(m) == pytest.approx(rho, abs=1e-9)
+    monkeypatch.setattr(np.linalg, "eigvals", lambda a: (_ for _ in ()).throw(np.linalg.LinAlgError("no")))
+    for m, rho in cases:
+        assert D.spectral_radius(m) == pytest.approx(rho, rel=1e-6, abs=1e-9)  # Gelfand: ||M^k||^(1/k), k = 2^60
+    assert math.isnan(D.spectral_radius(torch.tensor([[float("nan")]], dtype=torch.float64)))
+
+
+def test_a_failing_diagnostic_is_logged_as_nan_with_one_warning_and_the_run_goes_on(monkeypatch):
+    def broken(w, participants=None):
+        raise RuntimeError("an unforeseen input")
+
+    monkeypatch.setattr(D, "spectral_gap", broken)
+    dm = FederatedDataModule(dataset="digits", num_clients=6, batch_size=64, test_samples_per_client=10)
+    trainer = FederatedTrainer(algorithm=DisPFL(num_neighbors=2), rounds=3, local_steps=1, logger=False,
+                               accelerator="cpu", enable_progress_bar=False, diagnostics=True, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(SparseClassifier(arch="cnn_digits", density=0.5), dm)
+    assert len(trainer.history) == 3
+    assert all(math.isnan(m["diag/spectral_gap"]) and math.isnan(m["diag/mixing_rho"]) for m in trainer.history)
+    assert all(not math.isnan(m["diag/consensus_distance"]) for m in trainer.history)  # the other diagnostics ran
+    said = [w for w in caught if "diag/spectral_gap could not be computed" in str(w.message)]
+    assert len(said) == 1 and "an unforeseen input" in str(said[0].message)
+
+
+_UNDER_DROPOUT = {  # every algorithm at K = 8, as its digits config runs it (small settings)
+    "beer": {}, "dadpfl": {"num_neighbors": 3, "max_wait": 3}, "dfedavgm": {"num_neighbors": 3}, "dfedsam": {"num_neighbors": 3},
+    "dispfl": {"num_neighbors": 3}, "ditto": {"clients_per_round": 4}, "dpsgd": {"num_neighbors": 3},
+    "dpsgd_ft": {"num_neighbors": 3}, "fedavg": {"clients_per_round": 4}, "fedavg_ft": {"clients_per_round": 4},
+    "feddst": {"clients_per_round": 4}, "fedfomo": {"num_neighbors": 3}, "gossipfl": {}, "local": {},
+    "prisam": {"num_groups": 2, "warmup_rounds": 1}, "psfl": {"clients_per_round": 8, "warmup_rounds": 2},
+    "subfedavg": {"clients_per_round": 4},
+}
+
+
+@pytest.mark.parametrize("dropout", [0.3, 0.9])
+@pytest.mark.parametrize("name", sorted(_UNDER_DROPOUT))
+def test_every_algorithms_realized_mixing_matrices_under_dropout_have_a_gap(name, dropout, monkeypatch):
+    """Under dropout every round's realized W (what the trainer hands the diagnostics) gets a gap in [0, 1] (or
+    NaN with fewer than two participants), and the run ends normally."""
+    from lightning_dfl.federation.algorithms import ALGORITHMS
+
+    seen = []
+    original = D.spectral_gap
+
+    def spy(w, participants=None):
+        seen.append(original(w, participants))
+        return seen[-1]
+
+    monkeypatch.setattr(D, "spectral_gap", spy)
+    dm = FederatedDataModule(dataset="digits", num_clients=8, batch_size=64, test_samples_per_client=10)
+    prisam = name == "prisam"
+    model = SparseClassifier(arch="vgg11" if prisam else "cnn_digits", density=1.0 if prisam or name == "psfl" else 0.5,
+                             model_options={"norm": "batch"} if prisam else None)
+    if prisam:
+        dm = FederatedDataModule(dataset="digits", num_clients=8, batch_size=64, test_samples_per_client=10,
+                                 image_size=32)
+    trainer = FederatedTrainer(algorithm=ALGORITHMS.get(name)(**_UNDER_DROPOUT[name]), rounds=4, local_steps=1,
+                               eval_every=4, logger=False, accelerator="cpu", enable_progress_bar=False,
+                               dropout=dropout, diagnostics=True, seed=1)
+    trainer.fit(model, dm)
+    assert len(trainer.history) == 4 and len(seen) == 4
+    for gap, rho in seen:
+        assert (math.isnan(gap) and math.isnan(rho)) or (-1e-9 <= gap <= 1.0 + 1e-9 and gap == pytest.approx(1 - rho))

@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from lightning_dfl.checks import check_int
@@ -180,8 +181,38 @@ def spectral_gap(w: Tensor, participants: Sequence[int] | None = None) -> tuple[
         return float("nan"), float("nan")
     w = w.to(torch.float64)
     centered = w - w.mean(dim=0, keepdim=True)  # (I - J) W
-    rho = float(torch.linalg.eigvals(centered).abs().max())
+    rho = spectral_radius(centered)
     return 1.0 - rho, rho
+
+
+def spectral_radius(m: Tensor, squarings: int = 60) -> float:
+    """The largest eigenvalue modulus of a small square matrix, robustly: torch's ``eigvals``; where LAPACK's
+    QR iteration fails to converge (it did on a rank-1 PSFL warm-up matrix under dropout, in float64 only),
+    NumPy's; where that fails too, Gelfand's formula rho = lim ||M^k||^(1/k) by ``squarings`` normalised
+    squarings (k = 2^60). NaN only for a matrix that is not finite."""
+    if not bool(torch.isfinite(m).all()):
+        return float("nan")
+    try:
+        return float(torch.linalg.eigvals(m).abs().max())
+    except (RuntimeError, torch.linalg.LinAlgError):  # the first path of the recorded runs, kept for their bits
+        pass
+    a = m.detach().cpu().numpy()
+    try:
+        return float(np.abs(np.linalg.eigvals(a)).max())
+    except np.linalg.LinAlgError:
+        pass
+    log_norm, exponent = 0.0, 1.0  # a = B * exp(log_norm / exponent)^exponent, B normalised
+    norm = float(np.linalg.norm(a))
+    if norm == 0.0:
+        return 0.0
+    b, log_norm = a / norm, math.log(norm)
+    for _ in range(squarings):
+        b = b @ b
+        norm = float(np.linalg.norm(b))
+        if norm == 0.0:  # nilpotent: every eigenvalue is 0
+            return 0.0
+        b, log_norm, exponent = b / norm, 2.0 * log_norm + math.log(norm), 2.0 * exponent
+    return math.exp(log_norm / exponent)
 
 
 def communicating_pairs(w: Tensor, nodes: Sequence[int] | None = None) -> list[tuple[int, int]]:
@@ -406,6 +437,7 @@ class RunDiagnostics:
         self._round_edges: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
         self._plans: list[RoundPlan] = []
         self._previous_masks: Tensor | None = None
+        self._warned_spectral = False  # the spectral gap failed once: warned, not again
         #: per diagnosed round, the seconds its diagnostics took (inside ``time/wall_round_s``)
         self.wall_s: dict[int, float] = {}
 
@@ -457,7 +489,14 @@ class RunDiagnostics:
         out: dict[str, float] = {}
         w = mixing_matrix(plans, k, self.num_nodes)
         taking_part = participants_of(plans, k)
-        out["diag/spectral_gap"], out["diag/mixing_rho"] = spectral_gap(w, taking_part)
+        try:  # a diagnostic never ends a run
+            out["diag/spectral_gap"], out["diag/mixing_rho"] = spectral_gap(w, taking_part)
+        except Exception as err:  # noqa: BLE001 (spectral_gap's fallbacks failed: an unforeseen input)
+            out["diag/spectral_gap"] = out["diag/mixing_rho"] = float("nan")
+            if not self._warned_spectral:
+                self._warned_spectral = True
+                rank_zero_warn(f"diag/spectral_gap could not be computed in round {round_idx} ({type(err).__name__}: "
+                               f"{err}); it is logged as NaN where that happens, and the run goes on")
         communicating = communicating_pairs(w, taking_part)
         pairs = diagnostic_pairs(k, round_idx, self.seed, communicating or None, DISTANCE_PAIRS_PER_CLIENT,
                                  all_pairs_max_k=0, stream="diag/distance")  # none communicate: from all pairs
@@ -560,4 +599,4 @@ def read_matrix(path: str | Path) -> np.ndarray:
 
 __all__ = ["AUTO_MAX_K", "RunDiagnostics", "check_diagnostics", "consensus_distances", "flip_fractions",
            "jaccard_matrix", "jaccard_pairs", "mixing_matrix", "pack_words", "packed_masks", "personal_spread", "popcount", "read_matrix",
-           "spectral_gap"]
+           "spectral_gap", "spectral_radius"]
