@@ -384,8 +384,11 @@ class PruningTimeVoting(FederatedCallback):
             score = detection_score(delta, float(record[DELTA_LAST]), float(record[DELTA_FIRST]))
             v = vote(score, self.delta_pr)
             record[DELTA_LAST] = delta
-            record[SCORE] = score
-            self._round_scores.append(score)
+            # inf: Delta_1 = 0 (the client did not move in its first round), Eq. 4's ratio is undefined; it votes
+            # "not stable", is recorded as NaN ("no score") and left out of the score mean: records stay finite
+            record[SCORE] = score if math.isfinite(score) else math.nan
+            if math.isfinite(score):
+                self._round_scores.append(score)
         record[VOTE] = v
         self._round_votes.append(v)
 

@@ -341,3 +341,118 @@ def test_containment_selected_on_the_device_equals_containment_after_reading(tmp
     assert rigl[0].state_dict() == rigl[1].state_dict()
     if selects:
         assert rigl[1].state_dict()["num_updates"] == 3 * 6 - 1  # the contained task's search taken back
+
+
+def test_a_vote_without_a_first_distance_keeps_the_checkpoint_finite_and_resumable(tmp_path, monkeypatch):
+    """Eq. 4 divides by Delta_1; a client that did not move in its first round (Delta_1 = 0) then scores inf. Its
+    vote is "not stable", its record holds NaN ("no score"), the score mean leaves it out, and the run's own
+    checkpoint resumes (an inf in voting/score made the next --ckpt_path refuse it)."""
+    from lightning_dfl.callbacks import PruningTimeVoting
+
+    original = PruningTimeVoting._delta
+
+    def still_at_first(self, trainer, pl_module, client):  # client 2 did not move in round 0
+        delta = original(self, trainer, pl_module, client)
+        return 0.0 if client == 2 and trainer.current_round == 0 else delta
+
+    monkeypatch.setattr(PruningTimeVoting, "_delta", still_at_first)
+
+    model, dm = _parts()
+    straight = _trainer(DADPFL(num_neighbors=3, max_wait=3), rounds=3, checkpoint_every=1,
+                        default_root_dir=str(tmp_path))
+    straight.fit(model, dm)
+    assert all(m["faults/nonfinite_clients"] == 0 for m in straight.history)  # an undefined score is no fault
+    state = read_state(straight.checkpoint_path)
+    score = state["store"]["fields"]["voting/score"][""]
+    assert math.isnan(float(score[2])) and bool(torch.isfinite(score[[0, 1, 3, 4, 5]]).all())
+    assert all(math.isfinite(m.get("voting/score_mean", 0.0)) for m in straight.history)
+    votes = state["store"]["fields"]["voting/vote"][""]
+    assert int(votes[2]) == 0  # "not stable"
+    model, dm = _parts()
+    resumed = _trainer(DADPFL(num_neighbors=3, max_wait=3), rounds=4,
+                       default_root_dir=str(tmp_path / "b"))
+    resumed.fit(model, dm, ckpt_path=str(straight.checkpoint_path))  # refused before: inf in voting/score
+    assert len(resumed.history) == 4
+
+
+class Recorder(FederatedCallback):
+    """Keeps one float per client in the store; writes ``bad`` for client 2 in round 1 (a callback's fault)."""
+
+    def __init__(self, bad):
+        self.bad = bad
+
+    def client_state_fields(self, trainer, pl_module):
+        return [{"name": "probe/value", "dtype": torch.float64, "fill": 0.0}]
+
+    def on_client_train_end(self, trainer, pl_module, client_id):
+        record = trainer.client_state(client_id)
+        value = self.bad if client_id == 2 and trainer.current_round == 1 else float(record["probe/value"]) + 1.0
+        record["probe/value"] = value
+        assert float(record["probe/value"]) == value or math.isnan(value)  # the task reads its own write
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+def test_a_callbacks_non_finite_record_is_contained_with_its_task(tmp_path, bad):
+    """A callback's per-client write during a task is staged with the task's update: a non-finite one contains the
+    task (flagged, named), the store keeps the client's previous value, and the checkpoint stays loadable."""
+    model, dm = _parts()
+    trainer = _trainer(DisPFL(num_neighbors=2), callbacks=[Recorder(bad)], checkpoint_every=1,
+                       default_root_dir=str(tmp_path))
+    trainer.fit(model, dm)
+    assert [m["faults/nonfinite_clients"] for m in trainer.history] == [0.0, 1.0, 0.0]
+    values = [float(trainer.store.read(k, "probe/value")) for k in range(6)]
+    assert values == [3.0, 3.0, 2.0, 3.0, 3.0, 3.0]  # client 2's round-1 write was discarded with its update
+    state = read_state(trainer.checkpoint_path)
+    assert bool(torch.isfinite(state["store"]["fields"]["probe/value"][""]).all())
+
+
+class Large(Poison):
+    """Sets the given clients' first parameter to ``value`` at the end of their local training in ``round_idx``."""
+
+    def __init__(self, clients, value, round_idx=1):
+        super().__init__(clients, round_idx)
+        self.value = value
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_round == self.round_idx and trainer.current_client in self.clients:
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(self.value)
+
+
+@pytest.mark.parametrize("options", [{"message_dtype": "float16"}, {"rule": "da"}], ids=["float16_messages", "da_deltas"])
+def test_a_model_beyond_its_messages_float16_range_is_contained_at_the_sender(tmp_path, options):
+    """1e6 is finite in float32 but beyond float16's 65504: sent as float16 (the model, or DA's delta field) it would
+    reach the neighbours as inf, and they, not the sender, were flagged; the send-time bound is the message's dtype."""
+    from lightning_dfl.federation.algorithms import DFedAvgM
+
+    model, dm = _parts()
+    trainer = _trainer(DFedAvgM(num_neighbors=3, **options), rounds=3, callbacks=[Large({2}, 1e6)],
+                       default_root_dir=str(tmp_path), logger=True)
+    trainer.fit(model, dm)
+    assert [m["faults/nonfinite_clients"] for m in trainer.history] == [0.0, 1.0, 0.0]
+    rows = (tmp_path / "dfedavgm" / "version_0" / "clients.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    flagged = [r.split(",") for r in rows[1:] if r.split(",")[header.index("nonfinite")] == "1"]
+    assert [(int(r[0]), int(r[1])) for r in flagged] == [(1, 2)]  # the sender
+    assert all(bool((t.abs() <= 65504).all()) for t in trainer.store.weights.values())
+    for parts in trainer.store.fields.values():
+        assert all(bool(torch.isfinite(t).all()) for t in parts.values())
+
+
+@pytest.mark.parametrize("value", [1e31, 3e38])
+def test_a_checkpoint_holding_weights_beyond_the_publish_bound_is_refused(tmp_path, value):
+    """Finite but huge weights in a checkpoint (edited, or from an older version) would spread from the resumed
+    round on: refused at load with the bound applied at send time, naming the client and the parameter."""
+    from lightning_dfl.federation.checkpoint_io import CheckpointError
+
+    model, dm = _parts()
+    trainer = _trainer(DisPFL(num_neighbors=2), rounds=2, checkpoint_every=1, default_root_dir=str(tmp_path))
+    trainer.fit(model, dm)
+    state = torch.load(trainer.checkpoint_path, weights_only=False)
+    name = next(iter(state["store"]["weights"]))
+    state["store"]["weights"][name][:, 3].flatten(1)[:, 0] = value
+    torch.save(state, tmp_path / "edited.ckpt")
+    model, dm = _parts()
+    again = _trainer(DisPFL(num_neighbors=2), rounds=3, default_root_dir=str(tmp_path / "b"))
+    with pytest.raises(CheckpointError, match=f"weights above 1e\\+30 .*client 3.*{name}"):
+        again.fit(model, dm, ckpt_path=str(tmp_path / "edited.ckpt"))

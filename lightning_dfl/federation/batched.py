@@ -232,7 +232,7 @@ class BatchedExecutor(SerialExecutor):
                     group = []
             if group:
                 self._train_and_finish(group, accounting, evaluate)
-        self.state.current_client = None
+        self.state.current_client = self.state.current_task = None
         return accounting
 
     def _size_groups(self, item: _Started) -> None:
@@ -260,7 +260,7 @@ class BatchedExecutor(SerialExecutor):
         t = self.state
         losses, weights = self._train_together(group)
         for item, loss, trained in zip(group, losses, weights):
-            t.current_client = item.ctx.node
+            t.current_client, t.current_task = item.ctx.node, item.ctx
             self.load({**t.worker, **trained})
             t.module.mask.load_(item.masks, apply=False)
             t.train_dataloader = item.ctx.train_batches

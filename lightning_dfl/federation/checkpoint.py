@@ -30,6 +30,7 @@ from lightning_dfl.federation.checkpoint_io import (
     write_state,
 )
 from lightning_dfl.federation.federation_state import FederationState
+from lightning_dfl.federation.messages import PUBLISH_BOUND
 
 
 def _plain(value: Any) -> Any:
@@ -81,8 +82,16 @@ def _nonfinite(tensor: Any, allow_nan: bool = False) -> bool:
     return bool(torch.isinf(tensor).any() if allow_nan else ~torch.isfinite(tensor).all())
 
 
+def _too_large(tensor: Any) -> bool:
+    """Whether a floating ``tensor`` holds a value above :data:`~lightning_dfl.federation.messages.PUBLISH_BOUND`
+    in magnitude (finite or not)."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or not tensor.numel():
+        return False
+    return bool(~(tensor.abs() <= PUBLISH_BOUND).all())
+
+
 def _first_bad_node(tensor: torch.Tensor, node_dim: int) -> int:
-    bad = ~torch.isfinite(tensor)
+    bad = ~(tensor.abs() <= PUBLISH_BOUND) if tensor.is_floating_point() else ~torch.isfinite(tensor)
     other = [d for d in range(bad.dim()) if d != node_dim]
     return int(bad.any(dim=other).nonzero()[0, 0]) if other else int(bad.nonzero()[0, 0])
 
@@ -105,16 +114,24 @@ def check_finite(state: dict[str, Any], store: Any, path: str | os.PathLike) -> 
     saved = state.get("store")
     saved = saved if isinstance(saved, dict) else {}
     specs = getattr(store, "field_specs", {})
+    def refuse_large(what: str) -> CheckpointError:
+        return CheckpointError(f"the checkpoint {where} holds weights above {PUBLISH_BOUND:g} in magnitude in {what}; "
+                               "it is not loaded, since no client may publish such a model (its neighbours' averages "
+                               "would overflow): resume from an earlier checkpoint or start afresh")
+
     if saved.get("format") == "compact":  # a record per node: its values (active entries) per parameter
         for node, record in enumerate(saved.get("records") or []):
             for name, values in ((record or {}).get("values") or {}).items():
                 if _nonfinite(values):
                     raise refuse(f"node {node}'s (client {node}) parameter {name!r}")
+                if _too_large(values):
+                    raise refuse_large(f"node {node}'s (client {node}) parameter {name!r}")
     else:  # one stacked tensor per parameter: (slot, node, ...)
         for name, values in (saved.get("weights") or {}).items():
-            if _nonfinite(values):
+            if _nonfinite(values) or _too_large(values):
                 node = _first_bad_node(values, 1) if values.dim() > 1 else 0
-                raise refuse(f"node {node}'s (client {node}) parameter {name!r}")
+                label = f"node {node}'s (client {node}) parameter {name!r}"
+                raise refuse(label) if _nonfinite(values) else refuse_large(label)
     for field, parts in (saved.get("fields") or {}).items():
         spec = specs.get(field)
         allow_nan = spec is not None and isinstance(spec.fill, float) and spec.fill != spec.fill

@@ -3,7 +3,7 @@ evaluation context at a round's end."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,3 +195,23 @@ class EvaluationContext:
 
 def _no_callbacks(*args: Any) -> None:
     """The callbacks of a task run by an evaluation: none."""
+
+
+class TaskFields:
+    """The running task's node's fields as a mapping, like :class:`~lightning_dfl.federation.state.ClientFields`,
+    but through the task: reads see its staged writes, writes are staged (:meth:`TaskContext.write`)."""
+
+    def __init__(self, ctx: TaskContext) -> None:
+        self.ctx = ctx
+
+    def __getitem__(self, name: str) -> Any:
+        return self.ctx.read(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        spec = getattr(self.ctx.store, "field_specs", {}).get(name)
+        if spec is not None and not isinstance(value, Mapping) and spec.dtype is not None:
+            value = torch.as_tensor(value, dtype=spec.dtype)  # read back as the store would hold it
+        self.ctx.write(name, value)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.ctx.store.fields

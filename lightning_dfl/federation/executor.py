@@ -19,21 +19,17 @@ from lightning_dfl.callbacks.base import defined_hooks
 from lightning_dfl.deferred import accumulator_dtype, host_reads_are_cheap
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import TaskContext
+from lightning_dfl.federation.messages import PUBLISH_BOUND, dtype_bound
 from lightning_dfl.federation.plan import RoundPlan, Task
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
 
-#: the largest magnitude a published weight may have: a model with a larger one (finite or not) is contained
-#: at its sender. 1e30 leaves a margin of 3e8 to float32's (and bfloat16's) largest value, so that no weighted
-#: sum of published models overflows; dtypes with a smaller range (float16) are bounded by their own largest.
-PUBLISH_BOUND = 1e30
-
-
-def _within_bound(tensors: Iterable[Tensor]) -> list[Tensor]:
+def _within_bound(tensors: Iterable[Tensor], bound: float = PUBLISH_BOUND) -> list[Tensor]:
     """0-dim bools, one per dtype, on the floating ``tensors``' device: every entry finite and of magnitude <=
-    :data:`PUBLISH_BOUND` (no read). One multi-tensor max-abs per dtype (``torch._foreach_norm`` of order
-    infinity: a few kernel launches for the whole model on a GPU); NaN propagates into the maxima."""
+    ``bound`` (:data:`~lightning_dfl.federation.messages.PUBLISH_BOUND` by default; a dtype's own largest value
+    if smaller) (no read). One multi-tensor max-abs per dtype (``torch._foreach_norm`` of order infinity: a few
+    kernel launches for the whole model on a GPU); NaN propagates into the maxima."""
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
     for tensor in tensors:
         if tensor.numel():
@@ -41,8 +37,7 @@ def _within_bound(tensors: Iterable[Tensor]) -> list[Tensor]:
     checks = []
     for dtype, group in by_dtype.items():
         largest = torch.stack(torch._foreach_norm(group, math.inf))
-        bound = min(PUBLISH_BOUND, torch.finfo(dtype).max)
-        checks.append((largest <= bound).all())
+        checks.append((largest <= min(bound, torch.finfo(dtype).max)).all())
     return checks
 
 
@@ -72,7 +67,7 @@ class SerialExecutor:
         for level in plan.levels():
             for task in level:
                 self.run_task(task, accounting, evaluate, exchange)
-        self.state.current_client = None
+        self.state.current_client = self.state.current_task = None
         return accounting
 
     def begin_round(self, plan: RoundPlan) -> None:
@@ -126,7 +121,7 @@ class SerialExecutor:
         if not task.train:  # a server, or a gossip step: aggregate and publish
             store.publish(node, algorithm.server_step(ctx, messages), store.mask(node))
             return None
-        t.current_client = node
+        t.current_client, t.current_task = node, ctx
         module.mask.load_(store.mask(node), apply=False)
         own, _ = store.published(node)
         self.load(own)
@@ -165,19 +160,31 @@ class SerialExecutor:
         if not bool(finite):  # one read of the device: weights, loss and staged fields together
             self._contain(ctx, record, accounting, evaluate)
             return
+        recorders = [(c, c.shard_snapshot()) for c in t.callbacks if defined_hooks(c, ("on_client_train_end",))
+                     and hasattr(c, "shard_snapshot") and hasattr(c, "shard_rollback")]
         t.call("on_client_train_end", node)
-        if self._changes_after_training() and not self._finite():  # a callback's change (e.g. pruning)
+        # a callback's change of the model (e.g. pruning) or of the task's staged records (e.g. a vote) must be
+        # finite too: else the task is contained and what the callbacks recorded of it is taken back
+        if (self._changes_after_training() or ctx.staged) and not self._finite(staged=ctx.staged):
+            for callback, mark in recorders:
+                callback.shard_rollback(mark)
+            self._contain(ctx, record, accounting, evaluate)
+            return
+        fields = algorithm.publish_fields(ctx)
+        if fields and not self._fields_within_bound(fields):  # e.g. a delta beyond its float16 field's range
             self._contain(ctx, record, accounting, evaluate)
             return
         if evaluate:  # the model the node publishes (after pruning, if a callback pruned)
             record.acc_trained = algorithm.evaluate(ctx, "trained")
-        fields = algorithm.publish_fields(ctx)
         for name, value in ctx.staged.items():  # the task's private writes, committed with its model
             store.write(node, name, value)
         ctx.staged.clear()
         store.publish(node, t.worker, module.mask.masks, fields)
         search_from = batches.samples
         t.call("on_client_end", node)
+        for name, value in ctx.staged.items():  # what a callback recorded after publishing (committed as before)
+            store.write(node, name, value)
+        ctx.staged.clear()
         store.set_mask(node, module.mask.masks)
         record.search_samples = batches.samples - search_from
         # the regrowth score is a dense gradient: its batches cost dense FLOPs
@@ -201,7 +208,7 @@ class SerialExecutor:
         overflow: it is contained at its sender."""
         if loss is not None and not isinstance(loss, Tensor) and not math.isfinite(loss):
             return False
-        checks = _within_bound(self.state.worker.values())  # the worker: floating only
+        checks = _within_bound(self.state.worker.values(), self.state.algorithm.message_bound())  # floating only
         if isinstance(loss, Tensor):
             checks.append(torch.isfinite(loss))
         specs = getattr(self.state.store, "field_specs", {})
@@ -215,6 +222,22 @@ class SerialExecutor:
                 elif isinstance(part, float) and (math.isinf(part) or (math.isnan(part) and not allow_nan)):
                     return False
         return torch.stack(checks).all() if checks else True
+
+    @torch.no_grad()
+    def _fields_within_bound(self, fields: dict[str, Any]) -> bool:
+        """Whether every floating value the task publishes as a field is finite and fits the field's dtype and
+        :data:`~lightning_dfl.federation.messages.PUBLISH_BOUND` (one read)."""
+        specs = getattr(self.state.store, "field_specs", {})
+        checks: list[Tensor] = []
+        for name, value in fields.items():
+            spec = specs.get(name)
+            for part in (value.values() if isinstance(value, dict) else (value,)):
+                if isinstance(part, Tensor) and part.is_floating_point() and part.numel():
+                    dtype = spec.dtype if spec is not None and spec.dtype is not None else part.dtype
+                    checks += _within_bound([part], dtype_bound(dtype))
+                elif isinstance(part, float) and not math.isfinite(part):
+                    return False
+        return bool(torch.stack([c.cpu() for c in checks]).all()) if checks else True
 
     def _changes_after_training(self) -> bool:
         """Whether a callback may change the trained worker before it is published (``on_client_train_end``)."""

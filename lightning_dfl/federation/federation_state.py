@@ -81,6 +81,8 @@ class FederationState:
     current_round: int = 0
     #: the client whose task is running (``None`` between tasks)
     current_client: int | None = None
+    #: the running task's context (``None`` between tasks): callbacks' field writes for its client are staged there
+    current_task: Any = None
     #: the running task's training batches (Lightning callbacks look for ``train_dataloader``)
     train_dataloader: CountingBatches | None = None
     #: the worker's captured local steps (``cuda_graphs``: :mod:`~lightning_dfl.federation.step_graphs`), or ``None``

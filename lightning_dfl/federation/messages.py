@@ -26,6 +26,17 @@ from torch import Tensor
 from lightning_dfl.checks import check_bool, check_int
 from lightning_dfl.transfers import to_device
 
+#: the largest magnitude a published value may have: a model (or published field) with a larger one, finite or not,
+#: is contained at its sender, and a checkpoint holding one is refused. 1e30 leaves a margin of 3e8 to float32's
+#: (and bfloat16's) largest value, so that no weighted sum of published models overflows; values sent or stored in
+#: a dtype with a smaller range (float16) are bounded by its own largest (:func:`dtype_bound`).
+PUBLISH_BOUND = 1e30
+
+
+def dtype_bound(dtype: torch.dtype) -> float:
+    """:data:`PUBLISH_BOUND`, or ``dtype``'s largest finite value when smaller (float16: 65504)."""
+    return min(PUBLISH_BOUND, torch.finfo(dtype).max) if dtype.is_floating_point else PUBLISH_BOUND
+
 
 @dataclass
 class Message:

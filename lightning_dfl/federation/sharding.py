@@ -158,7 +158,7 @@ class ShardedExecutor(SerialExecutor):
             for position in range(len(level)):
                 for obj, delta in zip(stateful, gathered[self.owner(position)][position]):
                     obj.shard_apply(delta)
-        self.state.current_client = None
+        self.state.current_client = self.state.current_task = None
         shares: list[Any] = [None] * self.world_size
         mine.read_device_values()  # numbers, not device tensors, travel between processes
         dist.all_gather_object(shares, (mine.records, mine.log), group=self.group)

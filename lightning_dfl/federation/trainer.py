@@ -36,7 +36,7 @@ from lightning_dfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from lightning_dfl.federation.checkpoint_io import check_file
 from lightning_dfl.federation.clock import Clock, build_clock
 from lightning_dfl.federation.compact_state import check_store_kind
-from lightning_dfl.federation.context import CountingBatches
+from lightning_dfl.federation.context import CountingBatches, TaskFields
 from lightning_dfl.federation.diagnostics import AUTO_MAX_K, RunDiagnostics, check_diagnostics, personal_spread
 from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.federation_state import FederationState, HookDispatch
@@ -432,9 +432,14 @@ class FederatedTrainer:
             return ShardedExecutor(state)
         return batched_executor(state, self.batched_group_size) if self.batched_clients else SerialExecutor(state)
 
-    def client_state(self, client: int) -> ClientFields:
+    def client_state(self, client: int) -> ClientFields | TaskFields:
         """A client's declared fields, read and written by name (callbacks keep their per-client
-        state here: ``trainer.client_state(k)["voting/delta_first"]``)."""
+        state here: ``trainer.client_state(k)["voting/delta_first"]``). During the client's own task the
+        writes are staged with the task's update: committed when it publishes, discarded if it is contained
+        (a non-finite vote or score never reaches the store or a checkpoint)."""
+        task = self.state.current_task if self.state is not None else None
+        if task is not None and int(task.node) == int(client):
+            return TaskFields(task)
         return ClientFields(self.store, client)
 
     # -- the loop -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.context import EvaluationContext, RoundContext, TaskContext
 from lightning_dfl.federation.evaluation import deferred_accuracy
 from lightning_dfl.federation.local import train_locally
-from lightning_dfl.federation.messages import Message, gather_messages, masked_codec
+from lightning_dfl.federation.messages import PUBLISH_BOUND, Message, gather_messages, masked_codec
 from lightning_dfl.federation.plan import RoundPlan, Source
 from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.federation.topology import Topology, build_topology
@@ -28,7 +28,7 @@ __all__ = ["Algorithm", "GossipAlgorithm", "RoundContext", "TaskContext"]
 DECLARED_FLAGS = ("shardable", "reads_only_sources")
 #: methods a subclass may define and still inherit :data:`DECLARED_FLAGS`: they set it up or name it,
 #: they change nothing a task does (any other method, a hook or a helper, is a change of behaviour)
-NEUTRAL_METHODS = ("__init__", "validate", "deviations", "label", "run_name", "__repr__")
+NEUTRAL_METHODS = ("__init__", "validate", "deviations", "label", "run_name", "message_bound", "__repr__")
 #: class attributes that change what a task does: setting one is a change of behaviour too
 BEHAVIOUR_ATTRIBUTES = ("keep_optimizer_state",)
 
@@ -258,6 +258,12 @@ class Algorithm:
         deviations = self.deviations()
         title = self.title or self.name
         return f"{title} ({', '.join(deviations)})" if deviations else title
+
+    def message_bound(self) -> float:
+        """The largest weight magnitude its messages carry: a trained model with a larger one is contained at its
+        sender (default :data:`~lightning_dfl.federation.messages.PUBLISH_BOUND`; one that sends float16 returns
+        65504, so that no receiver gets an overflowed inf)."""
+        return PUBLISH_BOUND
 
     def run_name(self) -> str:
         """The run folder's name under ``default_root_dir`` (default :attr:`name`)."""

@@ -39,7 +39,7 @@ from torch import Tensor
 from lightning_dfl.checks import is_number
 from lightning_dfl.federation.algorithms.base import GossipAlgorithm, RoundContext, TaskContext
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
-from lightning_dfl.federation.messages import Message, build_codec
+from lightning_dfl.federation.messages import Message, build_codec, dtype_bound
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.state import StateField
 
@@ -100,6 +100,10 @@ class DFedAvgM(GossipAlgorithm):
         """SGD with momentum theta (heavy ball), the module's lr and weight decay."""
         hp = module.hparams
         return torch.optim.SGD(module.parameters(), lr=hp.lr, momentum=self.momentum, weight_decay=hp.weight_decay)
+
+    def message_bound(self) -> float:
+        """float16 messages carry weights up to 65504: a larger one would reach its neighbours as inf."""
+        return dtype_bound(torch.float16) if self.message_dtype == "float16" else super().message_bound()
 
     def state_fields(self) -> list[StateField]:
         if self.rule != "da":
