@@ -589,6 +589,10 @@ def _run(args: list[str]) -> None:
     if args[0] == "plot":
         _plot(args[1:])
         return
+    from lightning_dfl.config_files import check_config_file, config_files
+
+    for path in config_files(args[1:]):  # before jsonargparse reads (and expands) them
+        check_config_file(path)
     if args[0] in SUBCOMMANDS:
         _subcommand(args[0], args[1:])
         return

@@ -53,6 +53,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (tmp / "syntax.yaml").write_text("trainer:\n  rounds: [1\nmodel:\n  lr: 0.1\n")
     (tmp / "type.yaml").write_text("trainer:\n  rounds: ten\n")
     (tmp / "unknown_key.yaml").write_text("trainer:\n  roundz: 3\n")
+    laughs = ['lol0: &lol0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    laughs += [f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    (tmp / "laughs.yaml").write_text("\n".join(laughs) + "\nmodel:\n  model_options:\n    hidden: *lol9\n")
+    (tmp / "duplicate.yaml").write_text("trainer:\n  rounds: 1\nmodel:\n  lr: 0.1\ntrainer:\n  seed: 3\n")
+    (tmp / "nested_duplicate.yaml").write_text("trainer:\n  rounds: 1\n  seed: 2\n  rounds: 3\n")
     good = write_state(tmp / "good.ckpt", {"weights": torch.zeros(1000)})
     (tmp / "truncated.ckpt").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     (tmp / "zero.ckpt").write_bytes(b"")
@@ -147,6 +152,9 @@ CASES = [
     ("yaml_type_error", ["--config={type}"], ["{type}", "rounds", "ten"]),
     ("yaml_unknown_key", ["--config={unknown_key}"], ["roundz", "did you mean trainer.rounds?"]),
     ("config_file_missing", ["--config={empty}/absent.yaml"], ["absent.yaml"]),
+    ("yaml_billion_laughs", ["--config={laughs}"], ["{laughs}", "aliases", "100000"]),
+    ("yaml_duplicate_section", ["--config={duplicate}"], ["{duplicate}", "'trainer' twice", "lines 1 and 5"]),
+    ("yaml_duplicate_key", ["--config={nested_duplicate}"], ["{nested_duplicate}", "'rounds' twice", "lines 2 and 4"]),
     # checkpoints
     ("ckpt_truncated", ["--ckpt_path={truncated}"], ["{truncated}", "truncated"]),
     ("ckpt_empty", ["--ckpt_path={zero}"], ["{zero}", "empty"]),
