@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_dfl.checks import check_int, check_positive, is_int
+from lightning_dfl.checks import check_int, check_output_path, check_positive, is_int
 from lightning_dfl.transfers import to_device
 
 from .datasets import DATASETS, EMBEDDED, ImageData, Split, load_dataset
@@ -243,6 +243,8 @@ class FederatedDataModule(L.LightningDataModule):
             )
         if cache is not None and not isinstance(cache, (bool, str, Path)):
             raise ValueError(f"cache must be a folder, true/null (the default folder) or false (off), got {cache!r}")
+        if isinstance(cache, (str, Path)):
+            check_output_path("cache (a folder, true/null: the default one, false: off)", cache)
         self.save_hyperparameters(ignore=["cache"])  # where decoded data is cached does not change the run
         self.cache = cache
         self.dataset, self.root, self.num_clients = dataset, root, num_clients
@@ -369,7 +371,8 @@ class FederatedDataModule(L.LightningDataModule):
             warnings.warn(
                 f"{len(short)} of {self.num_clients} personal test sets deviate from their training label "
                 f"proportions because the test split of {self.dataset!r} holds too few samples of some classes "
-                f"(the shortfall went to the client's other classes); e.g. {short[0]}. Lower "
+                f"(the shortfall went to the client's other classes; a client of one class gets fewer test samples); "
+                f"e.g. {short[0]}. Lower "
                 f"test_samples_per_client={self.test_samples_per_client} to avoid this.",
                 stacklevel=3,
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["check_int", "check_positive", "is_int", "is_number"]
+__all__ = ["check_int", "check_output_path", "check_positive", "is_int", "is_number"]
 
 
 def is_int(value: object) -> bool:
@@ -55,3 +55,37 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+#: the longest path the command line accepts, and the longest name of one folder or file in it (Linux's limits)
+MAX_PATH = 4096
+MAX_NAME = 255
+
+
+def check_output_path(name: str, path: object, folder: bool = True) -> str:
+    """``path`` as a ``str`` if a folder (``folder``) or a file can be created there: a non-empty path of at most
+    :data:`MAX_PATH` bytes whose names have at most :data:`MAX_NAME` bytes each, under no existing file, and (for a
+    file) not an existing folder. Else a ``ValueError`` naming ``name``, the path and what is allowed. Nothing is
+    created."""
+    import os
+    from pathlib import Path
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"{name} must be a {'folder' if folder else 'file'} path, got {path!r}")
+    text = str(path)
+    shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text.encode())} bytes)"
+    if len(text.encode()) > MAX_PATH:
+        raise ValueError(f"{name} {shown} is too long: a path may have at most {MAX_PATH} bytes")
+    long = next((p for p in Path(text).parts if len(p.encode()) > MAX_NAME), None)
+    if long is not None:
+        raise ValueError(f"{name} {shown} holds a name of {len(long.encode())} bytes ({long[:40]!r}...): a folder or "
+                         f"file name may have at most {MAX_NAME} bytes")
+    target = Path(text).expanduser()
+    if target.is_dir() and not folder:
+        raise ValueError(f"{name} {shown} is a folder; give a file path")
+    if target.exists() and not target.is_dir() and folder:
+        raise ValueError(f"{name} {shown} is a file; give a folder path")
+    parent = next((p for p in target.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"{name} {shown} lies under {str(parent)!r}, which is a file, not a folder")
+    return text

@@ -477,6 +477,10 @@ def _plot(args: list[str]) -> None:
     if len([a for a in args if not a.startswith("-")]) < 2:
         raise ValueError(f"plot {args[0]} needs a run folder: {PROG} plot {args[0]} runs/<algorithm>/version_N")
     ns = parser.parse_args(args)
+    if ns.out is not None:
+        from lightning_dfl.checks import check_output_path
+
+        check_output_path("--out", ns.out)
     from lightning_dfl.plots import plot_diagnostics
 
     for path in plot_diagnostics(ns.run_dir, ns.out):
@@ -589,6 +593,10 @@ def _run(args: list[str]) -> None:
     if args[0] == "plot":
         _plot(args[1:])
         return
+    from lightning_dfl.config_files import check_config_file, config_files
+
+    for path in config_files(args[1:]):  # before jsonargparse reads (and expands) them
+        check_config_file(path)
     if args[0] in SUBCOMMANDS:
         _subcommand(args[0], args[1:])
         return

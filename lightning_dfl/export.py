@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from lightning_dfl.checks import check_int
+from lightning_dfl.checks import check_int, check_output_path
 from lightning_dfl.federation.checkpoint_io import read_state
 from lightning_dfl.federation.compact_records import checkpoint_weights
 from lightning_dfl.models import build_model
@@ -61,6 +61,10 @@ def client_model(checkpoint: str | Path, client: int) -> tuple[nn.Module, Channe
     store = state["store"]
     slot = int(store["slot"][client])
     weights = checkpoint_weights(store, client)  # a dense or a compact store's checkpoint
+    bad = next((n for n, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    if bad is not None:
+        raise ValueError(f"client {client}'s model in the checkpoint {str(checkpoint)!r} holds a non-finite value (NaN "
+                         f"or inf) in parameter {bad!r}: it cannot be exported; export another client or checkpoint")
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             if name in weights:
@@ -185,6 +189,7 @@ def export_client(checkpoint: str | Path, client: int, out: str | Path, latency:
     out = Path(out)
     if out.suffix != ".pt2":
         raise ValueError(f"out must be a .pt2 file (torch.export's format), got {str(out)!r}")
+    check_output_path("out", out, folder=False)
     model, masks, shape = client_model(checkpoint, client)
     small = export(model, masks).eval()
     x = torch.randn(4, *shape, generator=torch.Generator().manual_seed(0))

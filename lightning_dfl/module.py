@@ -198,14 +198,19 @@ class SparseClassifier(LightningModule):
 
     def check_optimizer_range(self, dtype: torch.dtype) -> None:
         """Refuse an ``lr`` or ``weight_decay`` that the parameters' ``dtype`` cannot represent (the optimizer
-        step would overflow), naming the value and the largest allowed."""
-        largest = torch.finfo(dtype).max
+        step would overflow) or that is below its smallest normal number (a subnormal: no update), naming the value
+        and the bound."""
+        largest, smallest = torch.finfo(dtype).max, torch.finfo(dtype).tiny
+        kind = str(dtype).removeprefix("torch.")
         for name in ("lr", "weight_decay"):
             value = self.hparams[name]
             if value > largest:
-                kind = str(dtype).removeprefix("torch.")
                 raise ValueError(f"model.{name}={value:g} cannot be represented in the model's {kind} parameters; "
                                  f"allowed: at most {largest:g} (and far less trains)")
+            if 0 < value < smallest:
+                raise ValueError(f"model.{name}={value:g} is below the smallest normal number of the model's {kind} "
+                                 f"parameters ({smallest:g}): every update would round to 0; allowed: at least "
+                                 f"{smallest:g}" + (" (or 0)" if name == "weight_decay" else ""))
 
     def dense_init(self) -> dict[str, Tensor]:
         """The masked weights as the builder initialized them, before the module's own mask zeroed any:

@@ -384,3 +384,55 @@ def test_every_memory_message_writes_a_size_one_way():
 
     assert [format_bytes(n) for n in (0, 1023, 1024, 5400, 512 * 2**20, 11.44 * 2**30, 3 * 2**40)] == [
         "0 B", "1023 B", "1.0 KiB", "5.3 KiB", "512.0 MiB", "11.44 GiB", "3072.00 GiB"]
+
+
+class _Strided:
+    """Pickles as a tensor over a 4-element storage with the given size, stride and offset (what a crafted file
+    can declare; torch's own tensors cannot be saved that way)."""
+
+    def __init__(self, size, stride, offset=0):
+        self.args = (tuple(size), tuple(stride), offset)
+
+    def __reduce_ex__(self, protocol):
+        size, stride, offset = self.args
+        return (torch._utils._rebuild_tensor_v2,
+                (torch.zeros(4)._typed_storage(), offset, size, stride, False, OrderedDict()))
+
+
+@pytest.mark.parametrize("where", ["algorithm", "callbacks", "history"])
+@pytest.mark.parametrize("tensor", [_Strided((10**6, 10**6), (0, 0)), torch.zeros(1).expand(10**5, 10**5),
+                                    _Strided((10**9,), (0,))], ids=["stride_0", "expanded", "one_dim"])
+def test_a_stride_bomb_is_refused_on_load(tmp_path, where, tensor):
+    """A few stored bytes declared as terabytes (zero strides): refused before any check touches its values."""
+    path = tmp_path / "bomb.ckpt"
+    part = {"algorithm": {"state": {"x": tensor}}, "callbacks": {"RigL": {"x": tensor}},
+            "history": [{"x": tensor}]}[where]
+    torch.save({"format": FORMAT, "format_version": 2, "next_round": 1, where: part}, path)
+    with pytest.raises(CheckpointError, match=r"holds a tensor \[.*elements in a storage of"):
+        read_state(path)
+
+
+def test_a_deeply_nested_checkpoint_is_refused_without_recursion(tmp_path):
+    import sys
+
+    nested: list = []
+    inner = nested
+    for _ in range(3000):
+        inner.append([])
+        inner = inner[0]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        torch.save({"format": FORMAT, "format_version": 2, "next_round": 1, "history": nested}, tmp_path / "deep.ckpt")
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(CheckpointError, match="nests containers more than 64 deep"):
+        read_state(tmp_path / "deep.ckpt")
+
+
+def test_every_tensor_of_a_real_checkpoint_fits_its_storage(tmp_path):
+    base = torch.arange(12.0)
+    state = {"view": base[2:8:2], "t": base.view(3, 4).t(), "empty": torch.zeros(0, 5), "scalar": torch.tensor(3.0)}
+    write_state(tmp_path / "ok.ckpt", state)
+    loaded = read_state(tmp_path / "ok.ckpt")
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())

@@ -53,12 +53,18 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (tmp / "syntax.yaml").write_text("trainer:\n  rounds: [1\nmodel:\n  lr: 0.1\n")
     (tmp / "type.yaml").write_text("trainer:\n  rounds: ten\n")
     (tmp / "unknown_key.yaml").write_text("trainer:\n  roundz: 3\n")
+    laughs = ['lol0: &lol0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    laughs += [f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    (tmp / "laughs.yaml").write_text("\n".join(laughs) + "\nmodel:\n  model_options:\n    hidden: *lol9\n")
+    (tmp / "duplicate.yaml").write_text("trainer:\n  rounds: 1\nmodel:\n  lr: 0.1\ntrainer:\n  seed: 3\n")
+    (tmp / "nested_duplicate.yaml").write_text("trainer:\n  rounds: 1\n  seed: 2\n  rounds: 3\n")
     good = write_state(tmp / "good.ckpt", {"weights": torch.zeros(1000)})
     (tmp / "truncated.ckpt").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     (tmp / "zero.ckpt").write_bytes(b"")
     (tmp / "random.ckpt").write_bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0),
                                                     dtype=torch.uint8).numpy().tobytes())
     torch.save({"a": 1}, tmp / "foreign.ckpt")
+    torch.save({"format": "lightning-dfl/federation", "format_version": 99, "next_round": 1}, tmp / "v99.ckpt")
     return {p.name.split(".")[0]: p for p in tmp.iterdir()}  # e.g. "syntax" for syntax.yaml
 
 
@@ -147,6 +153,9 @@ CASES = [
     ("yaml_type_error", ["--config={type}"], ["{type}", "rounds", "ten"]),
     ("yaml_unknown_key", ["--config={unknown_key}"], ["roundz", "did you mean trainer.rounds?"]),
     ("config_file_missing", ["--config={empty}/absent.yaml"], ["absent.yaml"]),
+    ("yaml_billion_laughs", ["--config={laughs}"], ["{laughs}", "aliases", "100000"]),
+    ("yaml_duplicate_section", ["--config={duplicate}"], ["{duplicate}", "'trainer' twice", "lines 1 and 5"]),
+    ("yaml_duplicate_key", ["--config={nested_duplicate}"], ["{nested_duplicate}", "'rounds' twice", "lines 2 and 4"]),
     # checkpoints
     ("ckpt_truncated", ["--ckpt_path={truncated}"], ["{truncated}", "truncated"]),
     ("ckpt_empty", ["--ckpt_path={zero}"], ["{zero}", "empty"]),
@@ -166,6 +175,23 @@ CASES = [
      ["num_groups=50", "20 clients"]),
     ("resume_allow_without_ckpt_path", ["--trainer.resume_allow=[model/lr]"], ["resume_allow", "--ckpt_path"]),
     ("root_with_the_embedded_digits", ["--data.root={empty}"], ["{empty}", "'digits'", "data.root"]),
+    # paths the run could not create, values that would train nothing or overflow (issue 37)
+    ("root_dir_too_long", ["--trainer.default_root_dir=/tmp/" + "a" * 5000], ["default_root_dir", "at most 4096 bytes"]),
+    ("root_dir_name_too_long", ["--trainer.default_root_dir=/tmp/" + "a" * 300 + "/runs"],
+     ["default_root_dir", "at most 255 bytes"]),
+    ("root_dir_empty", ["--trainer.default_root_dir="], ["default_root_dir must be a folder path, got ''"]),
+    ("root_dir_under_a_file", ["--trainer.default_root_dir={good}/runs"], ["default_root_dir", "which is a file"]),
+    ("cache_is_a_file", ["--data.cache={good}"], ["cache", "{good}", "is a file"]),
+    ("model_option_not_an_int", ['--model.model_options={{"hidden": 1.5}}'], ["hidden", "must be an integer", "1.5"]),
+    ("model_option_too_large", ['--model.model_options={{"hidden": 10000000}}'], ["hidden", "parameters", "at most"]),
+    ("lr_subnormal", ["--model.lr=1e-320"], ["model.lr=9.99989e-321", "smallest normal", "float32", "round to 0"]),
+    ("num_neighbors_0", ["--trainer.algorithm.init_args.num_neighbors=0"], ["num_neighbors must be >= 1", "Local"]),
+    ("beer_ratio_0", ["--trainer.algorithm=BEER", "--trainer.algorithm.init_args.topology=ring",
+                      "--trainer.algorithm.init_args.ratio=0"], ["ratio must be a number in (0, 1]", "got 0"]),
+    ("client_speed_huge", ["--trainer.client_speeds=[1e300" + ",1" * 19 + "]"], ["1e+300", "[1e-06, 1e+06]"]),
+    ("client_speed_tiny", ["--trainer.client_speeds=[1e-300" + ",1" * 19 + "]"], ["1e-300", "[1e-06, 1e+06]"]),
+    ("image_size_odd", ["--data.image_size=3"], ["cnn_digits needs an even image_size", "got 3"]),
+    ("ckpt_format_version_99", ["--ckpt_path={v99}"], ["{v99}", "format_version 99", "newer"]),
     # stock Lightning callbacks that need a Trainer's loops
     ("callback_model_checkpoint", ["--trainer.callbacks+=ModelCheckpoint"], ["ModelCheckpoint", "checkpoint_every"]),
     ("callback_early_stopping", ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=acc/headline"],

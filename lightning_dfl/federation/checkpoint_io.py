@@ -188,6 +188,7 @@ def read_state(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, 
     except (RuntimeError, EOFError, ValueError, KeyError) as err:
         raise CheckpointError(f"the checkpoint {where} is damaged or not a torch checkpoint: "
                               f"{_reason(err)}") from err
+    _check_loaded(state, where)
     _check_format(state, where)
     return {k: v for k, v in state.items() if k not in ("format", "format_version")}
 
@@ -253,6 +254,53 @@ def _check_format(state: Any, where: str) -> None:
         age = "a newer" if isinstance(version, int) and version > FORMAT_VERSION else "an older"
         raise CheckpointError(f"the checkpoint {where} has format_version {version!r}, written by {age} "
                               f"lightning-dfl; this one reads format_version {FORMAT_VERSION} only")
+
+
+#: the deepest nesting of containers a checkpoint may hold (this package's checkpoints nest about 6 deep)
+MAX_DEPTH = 64
+
+
+def _check_loaded(state: Any, where: str) -> None:
+    """Refuse what ``torch.load`` accepted but no checkpoint of this package holds: containers nested deeper than
+    :data:`MAX_DEPTH` (every later walk would exceed Python's recursion limit), and a tensor that addresses more
+    elements than its storage holds or lies outside it (a "stride bomb": zero or overlapping strides make a few
+    stored bytes look like terabytes, which any check or copy would then allocate). One pass, without recursion."""
+    stack: list[tuple[Any, int, str]] = [(state, 0, "")]
+    while stack:
+        value, depth, key = stack.pop()
+        if isinstance(value, torch.Tensor):
+            problem = _tensor_problem(value)
+            if problem is not None:
+                raise CheckpointError(f"the checkpoint {where} holds a tensor {key or 'at its top'} that {problem}: "
+                                      "refused as damaged or crafted (a tensor may address only the elements its "
+                                      "storage holds)")
+            continue
+        if not isinstance(value, (dict, list, tuple)):
+            continue
+        if depth >= MAX_DEPTH:
+            raise CheckpointError(f"the checkpoint {where} nests containers more than {MAX_DEPTH} deep (at "
+                                  f"{key[:200]}...): refused as damaged or crafted")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack.extend((item, depth + 1, f"{key}[{k!r}]") for k, item in items)
+
+
+def _tensor_problem(tensor: torch.Tensor) -> str | None:
+    """What is wrong with a loaded tensor's size, stride and offset against its storage, else ``None``."""
+    size, stride, offset = tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset()
+    declared = f"(size {size}, stride {stride}, offset {offset})"
+    if tensor.layout != torch.strided:
+        return f"has layout {tensor.layout}; a checkpoint holds dense (strided) tensors only"
+    held = tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
+    if offset < 0 or any(s < 0 for s in stride):
+        return f"declares a negative stride or offset {declared}"
+    if tensor.numel() == 0:
+        return None
+    if tensor.numel() > held:
+        return f"declares {tensor.numel()} elements in a storage of {held} {declared}"
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride))
+    if last >= held:
+        return f"reaches element {last} of a storage of {held} {declared}"
+    return None
 
 
 def _describe(obj: Any) -> str:

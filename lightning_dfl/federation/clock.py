@@ -32,6 +32,11 @@ def default_durations(plan: RoundPlan) -> dict[int, float]:
     return {t.node: 1.0 if t.train else 0.0 for t in plan.tasks}
 
 
+#: the range of a client's relative speed (``Clock(speeds=...)``, ``client_speeds``): beyond it the simulated
+#: times (1 / speed) reach 1e300 and overflow the run's elapsed time and cost
+MIN_SPEED, MAX_SPEED = 1e-6, 1e6
+
+
 def _number(name: str, value: object, low: float, *, strict: bool, allow_inf: bool = False) -> float:
     """``value`` as a float ``> low`` (``strict``) or ``>= low``; else a ValueError naming it."""
     if not (is_number(value, finite=not allow_inf) and not math.isnan(value)
@@ -70,6 +75,10 @@ class Clock:
             if distribution != "fixed":
                 raise ValueError(f"speeds apply to distribution 'fixed' only, got distribution {distribution!r}")
             speeds = [_number("speeds", s, 0.0, strict=True) for s in speeds]
+            extreme = next((s for s in speeds if not MIN_SPEED <= s <= MAX_SPEED), None)
+            if extreme is not None:
+                raise ValueError(f"client speeds must be in [{MIN_SPEED:g}, {MAX_SPEED:g}] (relative speeds; a task takes "
+                                 f"1 / speed time units), got {extreme!r}")
         self.speeds = speeds
         self.distribution = distribution
         self.low = _number("low", low, 0.0, strict=True)

@@ -314,6 +314,9 @@ def schedule_table(num_clients: int = 100, neighbor_sizes: Sequence[int] = (2, 5
     """
     if not neighbor_sizes or not max_waits:
         raise ValueError("neighbor_sizes and max_waits must not be empty")
+    num_clients = check_int("num_clients", num_clients, 2)
+    for m in neighbor_sizes:
+        check_int(f"neighbors (M) for {num_clients} clients", m, 1, num_clients - 1)
     rows: list[SchedulingStats] = []
     for m in neighbor_sizes:
         seen: set[int] = set()

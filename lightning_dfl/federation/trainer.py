@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import Logger
 
 from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.callbacks.base import check_supported
-from lightning_dfl.checks import check_bool, check_int
+from lightning_dfl.checks import check_bool, check_int, check_output_path
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import RunDiverged, mark_in_round
 from lightning_dfl.federation import step_graphs
@@ -79,7 +79,8 @@ class FederatedTrainer:
     Args:
         algorithm: the federated algorithm (DisPFL, D-PSGD, Local, FedAvg, ...).
         rounds: communication rounds T.
-        local_epochs: local epochs E per round (``None``: 5, or none when ``local_steps`` is set).
+        local_epochs: local epochs E per round (``None``: 5, or none when ``local_steps`` is set; 0: no local
+            training, a round only exchanges and aggregates).
         local_steps: if set, each client runs exactly this many optimizer steps per round instead of
             ``local_epochs`` epochs (PSFL's local work; passes over the data restart as needed). Setting
             both is refused: set the other to ``None``.
@@ -194,6 +195,8 @@ class FederatedTrainer:
         if local_steps is not None:
             check_int("local_steps (None: local_epochs epochs)", local_steps, 1)
         check_int("eval_every", eval_every, 1)
+        check_int("seed", seed, 0, 2**32 - 1)  # NumPy's and Lightning's seeds
+        check_output_path("default_root_dir", default_root_dir)
         devices, num_nodes, strategy = check_processes(devices, num_nodes, strategy)
         world_size = devices * num_nodes
         check_store_device(store_device)
@@ -243,6 +246,8 @@ class FederatedTrainer:
         self.callbacks = self._merge_callbacks(callbacks)
         self.logger = build_logger(logger, default_root_dir, self.algorithm.run_name())
         self.history: list[dict[str, float]] = []
+        #: whether fit ran (or started): a trainer runs one fit, see :meth:`fit`
+        self._fitted = False
         self.summary: RunSummary | None = None
         self.store: ClientStore | None = None
         #: the engine's record of the federation (built by ``fit``'s set-up)
@@ -447,9 +452,17 @@ class FederatedTrainer:
             ckpt_path: str | None = None) -> RunSummary:
         """Run all rounds (from ``ckpt_path``'s next round when given); return and print the summary.
 
+        A trainer runs one fit: a second call is refused (its metrics, history and run folder would continue the
+        first run's); build a new trainer for a new run, or resume with ``ckpt_path``.
+
         Args:
             ckpt_path: a checkpoint to resume from (``<run folder>/checkpoints/last.ckpt``).
         """
+        if self._fitted:
+            raise ValueError("this FederatedTrainer already ran fit once; a trainer runs one fit (a second would "
+                             "append to the first run's history and metrics.csv): build a new FederatedTrainer, "
+                             "or resume with fit(..., ckpt_path=...) on a new one")
+        self._fitted = True
         if self.tune_allocator:  # before the data and the store are allocated
             tune_allocator()
         if ckpt_path is not None:

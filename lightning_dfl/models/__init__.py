@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from lightning_dfl.checks import check_int
+from lightning_dfl.checks import check_int, is_int, is_number
 from lightning_dfl.models.alexnet import alexnet
 from lightning_dfl.models.cnn import cnn_cifar, cnn_digits, cnn_ham
 from lightning_dfl.models.resnet import resnet18, resnet20
@@ -66,4 +66,43 @@ def build_model(name: str, num_classes: int, in_channels: int | None = None,
     unknown = sorted(set(kwargs) - set(options))
     if unknown:
         raise TypeError(f"model {name!r} has no option(s) {unknown}; its options are {options}")
-    return builder(num_classes, in_channels, image_size, **kwargs)
+    for option, value in kwargs.items():  # an option takes its default's kind: hidden=1.5 is not a layer width
+        default = options[option]
+        if is_int(default) and not is_int(value):
+            raise ValueError(f"model option {option} of {name!r} must be an integer, got {value!r}")
+        if isinstance(default, float) and not is_number(value):
+            raise ValueError(f"model option {option} of {name!r} must be a finite number, got {value!r}")
+    _check_size_of(name, builder, (num_classes, in_channels, image_size), kwargs)
+    try:
+        return builder(num_classes, in_channels, image_size, **kwargs)
+    except RuntimeError as err:  # the allocator's "can't allocate memory" / CUDA's "out of memory"
+        if "allocate" not in str(err) and "out of memory" not in str(err):
+            raise
+        raise MemoryError(f"model {name!r} with options {kwargs} and image_size={image_size} does not fit in the "
+                          f"available memory ({str(err).splitlines()[0][:160]}); choose smaller options") from None
+
+
+#: the most parameters a model may have (8 GiB in float32 per copy; the package's largest, ResNet18, has 11.2M)
+MAX_PARAMETERS = 2**31
+
+
+def _check_size_of(name: str, builder: Callable[..., nn.Module], args: tuple, kwargs: dict) -> None:
+    """Refuse a model of more than :data:`MAX_PARAMETERS` parameters, or one whose float32 weights alone exceed the
+    available memory, counted on the meta device (no memory, milliseconds) before it is built."""
+    import torch
+
+    from lightning_dfl.host_memory import available_bytes, format_bytes
+
+    try:
+        with torch.device("meta"):
+            count = sum(p.numel() for p in builder(*args, **kwargs).parameters())
+    except Exception:  # a builder that needs real tensors: built as it is (its own errors name the problem)
+        return
+    described = f"model {name!r} with options {kwargs} and image_size={args[2]}"
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"{described} has {count:,} parameters; allowed: at most {MAX_PARAMETERS:,} (choose smaller "
+                         "options)")
+    available = available_bytes()
+    if available is not None and 4 * count > available:
+        raise MemoryError(f"{described} needs {format_bytes(4 * count)} for its weights alone, more than the "
+                          f"{format_bytes(available)} of memory available; choose smaller options")

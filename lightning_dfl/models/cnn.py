@@ -121,6 +121,9 @@ def cnn_digits(num_classes: int = 10, in_channels: int = 1, image_size: int = 8,
                hidden: int = 128) -> DigitsCNN:
     """A small CNN for the embedded 8x8 digits (the project's default CPU job)."""
     _check_size("cnn_digits", image_size, 2, "one 2x2 max-pool")
+    if image_size % 2:
+        raise ValueError(f"cnn_digits needs an even image_size (its 2x2 max-pool would drop an odd size's last row "
+                         f"and column), got {image_size}")
     if hidden < 1:
         raise ValueError(f"hidden must be >= 1, got {hidden}")
     return DigitsCNN(num_classes=num_classes, in_channels=in_channels, image_size=image_size,

@@ -20,7 +20,7 @@ from lightning_dfl.federation.local import train_locally
 from lightning_dfl.federation.messages import PUBLISH_BOUND, Message, gather_messages, masked_codec
 from lightning_dfl.federation.plan import RoundPlan, Source
 from lightning_dfl.federation.state import ClientStore, StateField
-from lightning_dfl.federation.topology import Topology, build_topology
+from lightning_dfl.federation.topology import FullTopology, Topology, build_topology
 
 __all__ = ["Algorithm", "GossipAlgorithm", "RoundContext", "TaskContext"]
 
@@ -290,6 +290,9 @@ class GossipAlgorithm(Algorithm):
         self.num_neighbors = num_neighbors
         self.topology = topology
         self._topology: Topology = build_topology(topology, num_neighbors)
+        if num_neighbors == 0 and not isinstance(self._topology, FullTopology):
+            raise ValueError(f"num_neighbors must be >= 1 with topology {topology!r} (0 would exchange nothing: use "
+                             "the Local algorithm for training without neighbours), got 0")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)

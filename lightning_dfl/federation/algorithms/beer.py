@@ -117,6 +117,9 @@ class BEER(GossipAlgorithm):
             raise ValueError(f"gamma must be a number in (0, 1], got {gamma!r}")
         if eta is not None and (isinstance(eta, bool) or not isinstance(eta, (int, float)) or not eta > 0):
             raise ValueError(f"eta must be a positive number or None (the module's lr), got {eta!r}")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r} (the share top_k and random_k send; "
+                             "checked whatever the compressor)")
         self._codec = build_compressor(compressor, bits, ratio, noise)
         self.gamma, self.eta = float(gamma), eta
         if gradient_difference not in DIFFERENCES:

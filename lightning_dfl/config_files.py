@@ -1,0 +1,112 @@
+"""Config files (``--config FILE``) checked before jsonargparse reads them: size, alias expansion, duplicate keys.
+
+PyYAML keeps an alias as a reference, so a "billion laughs" file of 2 KB composes in a moment, but every
+consumer that walks or copies the value (jsonargparse, OmegaConf) expands it: minutes, then the memory.
+A key given twice in one mapping is legal YAML whose second value silently replaces the first (a second
+``trainer:`` section would drop the first one's settings). Both are refused here, in one line naming the
+file, from the composed node graph (nothing is constructed). Pure Python (PyYAML comes with jsonargparse).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+__all__ = ["MAX_BYTES", "MAX_NODES", "check_config_file", "config_files"]
+
+#: the largest config file read (the project's configs are about 1 KB)
+MAX_BYTES = 1 << 20
+#: the most YAML nodes a config may hold once its aliases are expanded
+MAX_NODES = 100_000
+
+
+def config_files(args: Sequence[str]) -> Iterator[str]:
+    """The files given to ``--config`` on a command line (``--config FILE`` and ``--config=FILE``)."""
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            yield args[i + 1]
+        elif arg.startswith("--config="):
+            yield arg.split("=", 1)[1]
+
+
+def check_config_file(path: str | os.PathLike) -> None:
+    """Refuse a config file larger than :data:`MAX_BYTES`, one whose aliases expand to more than
+    :data:`MAX_NODES` nodes, or one with a key given twice in one mapping (``ValueError`` naming the file
+    and the key's lines). A path that is not a file, or YAML that does not parse, is left to the parser."""
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        return
+    where = repr(str(path))
+    size = file.stat().st_size
+    if size > MAX_BYTES:
+        raise ValueError(f"config file {where} is {size} bytes; a config may hold at most {MAX_BYTES} bytes "
+                         "(1 MiB)")
+    try:
+        root = yaml.compose(file.read_text(), Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError):
+        return  # jsonargparse reports the syntax error with its line
+    if root is None:
+        return
+    _check_expansion(root, where)
+    _check_duplicates(root, where)
+
+
+def _children(node: object) -> list:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expansion(root: object, where: str) -> None:
+    """The node count with every alias expanded, computed once per distinct node (no expansion, no recursion)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[object, bool]] = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            sizes[key] = min(1 + sum(sizes[id(c)] for c in _children(node)), MAX_NODES + 1)
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:  # a recursive alias (a node that contains itself): endless once expanded
+            raise ValueError(f"config file {where} holds a recursive alias (a value that contains itself); "
+                             "a config may not")
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
+    if sizes[id(root)] > MAX_NODES:
+        raise ValueError(f"config file {where} expands to more than {MAX_NODES} values once its aliases (*name) "
+                         f"are resolved; a config may hold at most {MAX_NODES} (nested aliases, a 'billion laughs')")
+
+
+def _check_duplicates(root: object, where: str) -> None:
+    """A key given twice in one mapping: the second value would silently replace the first."""
+    import yaml
+
+    seen_nodes: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[str, int] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in lines:
+                        raise ValueError(f"config file {where} gives the key {key.value!r} twice in one mapping "
+                                         f"(lines {lines[key.value]} and {key.start_mark.line + 1}): the second "
+                                         "would replace the first whole; give each key once (merge the two)")
+                    lines[key.value] = key.start_mark.line + 1
+        stack.extend(_children(node))
