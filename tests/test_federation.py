@@ -157,6 +157,26 @@ def test_bf16_precisions_train_and_keep_the_mask(precision):
     assert trainer.store.weights[trainer.store.masked_names[0]].dtype == dtype
 
 
+def test_float16_aggregation_accumulates_in_float32():
+    """Half-precision models average in float32: in float16 the divisor's floor (1e-12) was 0, so a weight no
+    source held became 0 / 0 = NaN, and sums of large weights overflowed."""
+    masks = {"w": torch.tensor([[True, False, False], [True, True, False]])}
+    weights = {"w": torch.tensor([[40000.0, 0.0, 0.0], [40000.0, 2.0, 0.0]], dtype=torch.float16)}
+    out = masked_average(weights, masks, receiver_mask={"w": torch.tensor([True, True, True])})["w"]
+    assert out.dtype == torch.float16 and out.tolist() == [40000.0, 2.0, 0.0]
+
+
+def test_dispfl_in_16_true_stays_finite():
+    """16-true DisPFL ended "diverged" after its first aggregation (NaN from the float16 average), while Local
+    trained: an aggregation bug, not a divergence."""
+    trainer = _run(DisPFL(num_neighbors=2), rounds=2, num_clients=4, local_epochs=None, local_steps=2,
+                   precision="16-true")
+    store = trainer.store
+    assert store.weights[store.masked_names[0]].dtype == torch.float16
+    assert all(torch.isfinite(w).all() for w in store.weights.values())
+    assert all(m["faults/nonfinite_clients"] == 0 and m["train/loss"] < 1e4 for m in trainer.history)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"devices": "auto"}, "devices \\(processes per node\\) must be an integer >= 1, got 'auto'"),
     ({"strategy": "ddp"}, "strategy='ddp' with 1 process"),
