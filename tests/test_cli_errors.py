@@ -109,6 +109,8 @@ CASES = [
     ("strategy_fsdp_with_2_devices", ["--trainer.devices=2", "--trainer.strategy=fsdp"], ["fsdp", "'ddp'"]),
     ("algorithm_not_shardable", ["--trainer.devices=2", "--trainer.algorithm=FedFomo"], ["FedFomo", "devices=1"]),
     ("accelerator_absent", ["--trainer.accelerator=mps"], ["MPS"]),
+    ("accelerator_tpu", ["--trainer.accelerator=tpu"], ["accelerator='tpu'", "auto, cpu, gpu, cuda, mps"]),
+    ("seed_negative", ["--trainer.seed=-1"], ["seed", "-1", "[0, 4294967295]"]),
     # unknown names
     ("unknown_dataset", ["--data.dataset=imagenet42"], ["imagenet42", "digits", "cifar10"]),
     ("unknown_arch", ["--model.arch=resnet1000"], ["resnet1000", "cnn_digits"]),
