@@ -427,7 +427,9 @@ class FederatedTrainer:
                 **({"batched_group_size": self.batched_group_size} if self.batched_clients else {}),
                 "memory_format": self.memory_format, "matmul_precision": self.matmul_precision,
                 **({"benchmark": self.benchmark} if self.benchmark is not None else {}),
-                "accelerator": self.fabric.device.type})
+                "accelerator": self.fabric.device.type,
+                # a CPU run's kernels split their reductions by thread: another count rounds differently
+                **({"cpu_threads": torch.get_num_threads()} if self.fabric.device.type == "cpu" else {})})
         self.state.step_graphs = graphs
         self.executor = self._make_executor(self.state)
         self.algorithm.init_state(self.store, num_clients)
