@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from jsonargparse import DefaultHelpFormatter
 
 from lightning_dfl.analysis import SUBCOMMANDS
-from lightning_dfl.errors import DIVERGED_EXIT_CODE, RunDiverged, raised_in_round
+from lightning_dfl.errors import DIVERGED_EXIT_CODE, RunDiverged, RunFileError, raised_in_round
 
 # torch, Lightning and the project's modules that need them are imported where they are used (``fit`` in
 # lightning_dfl.fit_cli), so that ``--help``, ``--version`` and the analysis subcommands start in a moment
@@ -646,6 +646,9 @@ def _main(argv: Sequence[str] | None) -> None:
         diverged = _diverged(err)
         if diverged is not None:
             _stop(diverged)
+        run_file = next((e for e in _chain(err) if isinstance(e, RunFileError)), None)
+        if run_file is not None:  # a full disk, a read-only folder, a damaged CSV: in a round too, not a bug
+            _fail(" ".join(str(run_file).split()))
         if raised_in_round(err) is None and is_user_error(err):
             _fail(error_message(err))
         _bug(err)

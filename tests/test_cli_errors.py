@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
+import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -418,3 +422,61 @@ def test_every_client_diverging_is_one_line_naming_round_clients_and_cause(tmp_p
     assert err.startswith("lightning-dfl: error: the run diverged: round 1 of")
     assert "every client that trained (20: [0, 1, 2" in err
     assert "learning rate is probably too high" in err
+
+
+# -- the run folder cannot be written, a run's file cannot be read ---------------------------------------------
+def _full_disk(monkeypatch, name: str, code: int = errno.ENOSPC) -> None:
+    """Writing a file called ``name`` (or making a folder of that name) fails as on a full (or read-only) disk."""
+    real_open, real_mkdir = builtins.open, os.mkdir
+
+    def fail(path):
+        raise OSError(code, os.strerror(code), str(path))
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and Path(file).name == name and any(m in mode for m in "wax+"):
+            fail(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def fake_mkdir(path, *args, **kwargs):
+        if Path(path).name == name:
+            fail(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(io, "open", fake_open)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+
+
+@pytest.mark.parametrize(("name", "code"), [
+    ("metrics.csv", errno.ENOSPC), ("clients.csv", errno.ENOSPC), ("summary.json", errno.ENOSPC),
+    ("edges.csv", errno.ENOSPC), ("bytes.csv", errno.ENOSPC), ("config.yaml", errno.ENOSPC),
+    ("version_0", errno.EROFS),  # a read-only run folder: its version_N cannot be made
+])
+def test_a_run_file_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys, name, code):
+    """A full disk or a read-only folder while writing metrics.csv, clients.csv, summary.json or the diagnostics
+    (inside a round too) is one line naming the file and the OS's cause, exit 2, not an internal error."""
+    monkeypatch.undo()  # the run trains: the failure comes from the file
+    _full_disk(monkeypatch, name, code)
+    args = [a for a in _fit(tmp_path, "--data.num_clients=6", "--trainer.algorithm.init_args.num_neighbors=2")
+            if a != "--trainer.logger=false"]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"cannot write '{tmp_path / 'runs'}" in err and name in err, err
+    assert errno.errorcode[code] in err, err
+
+
+_COLUMNS = b"round,acc/headline,flops/train_per_client,comm/busiest_bytes,time/delay\n"
+
+
+@pytest.mark.parametrize("content", [_COLUMNS + b"\xff\xfe0,1,1,1,1\n", _COLUMNS + b"0,zero,1,1,soon\n"],
+                         ids=["not_utf8", "not_a_number"])
+def test_an_unreadable_metrics_csv_is_named(tmp_path, capsys, content):
+    (tmp_path / "metrics.csv").write_bytes(content)
+    for command in (["cost", f"--runs=[{tmp_path}]"], ["curves", f"--runs=[{tmp_path}]", "--metrics=[acc/headline]"]):
+        with pytest.raises(SystemExit) as info:
+            main(command)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert f"cannot read '{tmp_path / 'metrics.csv'}'" in err, err

@@ -28,7 +28,7 @@ from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.callbacks.base import check_supported
 from lightning_dfl.checks import check_bool, check_int
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.errors import RunDiverged, mark_in_round
+from lightning_dfl.errors import RunDiverged, mark_in_round, writing
 from lightning_dfl.federation import step_graphs
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
@@ -438,7 +438,12 @@ class FederatedTrainer:
         self.reporter = RoundReporter(self.logger, self.is_global_zero)
 
     def _start_run(self, model: SparseClassifier, datamodule: FederatedDataModule) -> None:
-        """The run starts (set-up and resume checked): its folder is created now, with ``run_files``."""
+        """The run starts (set-up and resume checked): its folder is created now, with ``run_files``; a folder
+        that cannot be written is a :class:`~lightning_dfl.errors.RunFileError` naming it."""
+        with writing(self.default_root_dir):
+            self._create_run(model, datamodule)
+
+    def _create_run(self, model: SparseClassifier, datamodule: FederatedDataModule) -> None:
         num_clients = datamodule.num_clients
         self.diag = None
         if self.diagnostics is True or (self.diagnostics == "auto" and num_clients <= AUTO_MAX_K):
@@ -540,7 +545,8 @@ class FederatedTrainer:
         self._call("on_train_end")
         self._call("on_fit_end")
         if self.logger is not None:
-            self.logger.finalize("success")
+            with writing(self.reporter.metrics_file()):
+                self.logger.finalize("success")
         for callback in self.callbacks:
             callback.teardown(self, model, "fit")
         if self.enable_progress_bar and self.is_global_zero:
