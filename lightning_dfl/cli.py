@@ -288,6 +288,14 @@ def _unknown_class(option: str | None, value: str) -> str:
     return f"unknown class {value!r}; " + (f"allowed: {allowed}" if allowed else "give a class name or import path")
 
 
+def _null_class(option: str | None) -> str:
+    """``class_path: null`` (a class option whose class is not named)."""
+    kind = _CLASS_OPTIONS.get(option or "", "")
+    allowed = ", ".join(_allowed(kind)) if kind == "algorithm" else kind
+    fix = f"; allowed: {allowed}" if allowed else ""
+    return f"class_path is null: name a class{fix} (or remove the option for its default)"
+
+
 def _class_options(class_path: str) -> str:
     """``class_path``'s init arguments, for an option it does not accept."""
     import inspect
@@ -357,6 +365,8 @@ def error_message(err: BaseException) -> str:
         message = next((line.strip(" -") for line in str(root).splitlines() if line.strip(" -")), str(root).strip())
         if "not accepted" in message and class_path:
             message += _class_options(class_path[1])
+        if re.fullmatch(r"argument of type 'NoneType' is not iterable", message) and "Subtypes:" in texts:
+            message = _null_class(option)  # jsonargparse's own error on ``class_path: null``
         if message.startswith("unrecognized arguments"):
             given = [a for a in message.split(":", 1)[-1].split() if a.startswith("--")]
             message, option = message + _suggest(given, frames), None

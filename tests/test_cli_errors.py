@@ -123,6 +123,8 @@ CASES = [
     ("unknown_algorithm_path", ["--trainer.algorithm.class_path=lightning_dfl.federation.algorithms.FedProx"],
      ["FedProx", "DisPFL"]),
     ("unknown_algorithm_name", ["--trainer.algorithm=FedProx"], ["FedProx", "DADPFL"]),
+    ("algorithm_class_path_null", ["--trainer.algorithm.class_path=null"],
+     ["trainer.algorithm", "class_path is null", "DisPFL"]),
     ("unknown_algorithm_option", ["--trainer.algorithm.init_args.num_neighbours=3"], ["num_neighbours", "topology"]),
     ("unknown_regrowth", ["--trainer.algorithm.init_args.regrowth=magic"], ["magic", "gradient", "random"]),
     ("unknown_distribution", ["--model.distribution=gaussian"], ["gaussian", "erk"]),
@@ -391,6 +393,39 @@ def test_a_checkpoint_holding_nan_is_refused_in_one_line_before_training(tmp_pat
     assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "non-finite" in err and "client 3" in err and repr(name) in err
     assert read_state(ckpt)["next_round"] == 1  # no round ran: the file is as it was
+
+
+def _garbage_rigl(state):
+    state["callbacks"]["RigL"] = {key: "garbage" for key in state["callbacks"]["RigL"]}
+
+
+def _nan_clock(state):
+    state["clock"]["elapsed"] = float("nan")
+
+
+@pytest.mark.parametrize(("damage", "named"), [(_garbage_rigl, ["the callbacks' state 'RigL'", "'garbage'"]),
+                                               (_nan_clock, ["the clock's state", "elapsed", "nan"])],
+                         ids=["garbage_rigl_state", "nan_clock"])
+def test_a_checkpoint_whose_part_cannot_be_loaded_names_the_file_and_the_part(tmp_path, capsys, monkeypatch, damage,
+                                                                             named):
+    from lightning_dfl.federation.checkpoint_io import read_state, write_state
+
+    blocked = FederatedTrainer.run_round
+    monkeypatch.undo()  # the run that writes the checkpoint trains one round
+    main(_fit(tmp_path, "--trainer.checkpoint_every=1", "--data.num_clients=6",
+              "--trainer.algorithm.init_args.num_neighbors=2"))
+    monkeypatch.setattr(FederatedTrainer, "run_round", blocked)  # the resume must not
+    ckpt = tmp_path / "runs" / "checkpoints" / "last.ckpt"
+    state = read_state(ckpt)
+    damage(state)
+    write_state(ckpt, state)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, "--trainer.rounds=2", f"--ckpt_path={ckpt}", "--data.num_clients=6",
+                  "--trainer.algorithm.init_args.num_neighbors=2"))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"the checkpoint {str(ckpt)!r}" in err and all(word in err for word in named), err
 
 
 @pytest.mark.parametrize("error", [ValueError("setting an array element with a sequence"), KeyError("w"),
