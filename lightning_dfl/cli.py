@@ -382,8 +382,19 @@ def error_message(err: BaseException) -> str:
     return " ".join(message.split())
 
 
+def _rank() -> int:
+    """This process's global rank: 0 in a one-process run and in the process that launched the others (Lightning's
+    ``rank_zero_only.rank``, set from the launcher's environment; 0 when Lightning was not imported)."""
+    rank_zero = sys.modules.get("lightning.fabric.utilities.rank_zero")
+    rank = getattr(getattr(rank_zero, "rank_zero_only", None), "rank", 0)
+    return rank if isinstance(rank, int) else 0
+
+
 def _fail(message: str) -> NoReturn:
-    sys.stderr.write(f"{PROG}: error: {message} {DEBUG_HINT}\n")
+    """Bad input: one line, exit 2; with several processes (``--trainer.devices 2``) every process refuses, and
+    only rank 0 (the launching process) prints the line."""
+    if _rank() == 0:
+        sys.stderr.write(f"{PROG}: error: {message} {DEBUG_HINT}\n")
     raise SystemExit(2)
 
 
@@ -399,8 +410,10 @@ def _diverged(err: BaseException) -> BaseException | None:
 
 
 def _stop(err: BaseException) -> NoReturn:
-    """Every client diverged: a known condition of the training, explained in one line (not bad input, not a bug)."""
-    sys.stderr.write(f"{PROG}: error: the run diverged: {' '.join(str(err).split())} {DEBUG_HINT}\n")
+    """Every client diverged: a known condition of the training, explained in one line (not bad input, not a bug);
+    printed by rank 0 only, as :func:`_fail`."""
+    if _rank() == 0:
+        sys.stderr.write(f"{PROG}: error: the run diverged: {' '.join(str(err).split())} {DEBUG_HINT}\n")
     raise SystemExit(getattr(err, "exit_code", DIVERGED_EXIT_CODE))
 
 

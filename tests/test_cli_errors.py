@@ -515,3 +515,17 @@ def test_an_unreadable_metrics_csv_is_named(tmp_path, capsys, content):
         err = capsys.readouterr().err
         assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert f"cannot read '{tmp_path / 'metrics.csv'}'" in err, err
+
+
+def test_a_refusal_is_printed_by_rank_0_only(tmp_path, monkeypatch, capsys):
+    """With --trainer.devices 2 every process refuses a bad checkpoint: the line was printed twice."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, "--data.num_clients=0"))
+    assert info.value.code == 2 and capsys.readouterr().err == ""
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, "--data.num_clients=0"))
+    assert info.value.code == 2 and "num_clients" in capsys.readouterr().err
