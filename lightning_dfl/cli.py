@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from jsonargparse import DefaultHelpFormatter
 
 from lightning_dfl.analysis import SUBCOMMANDS
-from lightning_dfl.errors import DIVERGED_EXIT_CODE, RunDiverged, raised_in_round
+from lightning_dfl.errors import DIVERGED_EXIT_CODE, RunDiverged, RunFileError, raised_in_round
 
 # torch, Lightning and the project's modules that need them are imported where they are used (``fit`` in
 # lightning_dfl.fit_cli), so that ``--help``, ``--version`` and the analysis subcommands start in a moment
@@ -288,6 +288,14 @@ def _unknown_class(option: str | None, value: str) -> str:
     return f"unknown class {value!r}; " + (f"allowed: {allowed}" if allowed else "give a class name or import path")
 
 
+def _null_class(option: str | None) -> str:
+    """``class_path: null`` (a class option whose class is not named)."""
+    kind = _CLASS_OPTIONS.get(option or "", "")
+    allowed = ", ".join(_allowed(kind)) if kind == "algorithm" else kind
+    fix = f"; allowed: {allowed}" if allowed else ""
+    return f"class_path is null: name a class{fix} (or remove the option for its default)"
+
+
 def _class_options(class_path: str) -> str:
     """``class_path``'s init arguments, for an option it does not accept."""
     import inspect
@@ -357,6 +365,8 @@ def error_message(err: BaseException) -> str:
         message = next((line.strip(" -") for line in str(root).splitlines() if line.strip(" -")), str(root).strip())
         if "not accepted" in message and class_path:
             message += _class_options(class_path[1])
+        if re.fullmatch(r"argument of type 'NoneType' is not iterable", message) and "Subtypes:" in texts:
+            message = _null_class(option)  # jsonargparse's own error on ``class_path: null``
         if message.startswith("unrecognized arguments"):
             given = [a for a in message.split(":", 1)[-1].split() if a.startswith("--")]
             message, option = message + _suggest(given, frames), None
@@ -372,8 +382,19 @@ def error_message(err: BaseException) -> str:
     return " ".join(message.split())
 
 
+def _rank() -> int:
+    """This process's global rank: 0 in a one-process run and in the process that launched the others (Lightning's
+    ``rank_zero_only.rank``, set from the launcher's environment; 0 when Lightning was not imported)."""
+    rank_zero = sys.modules.get("lightning.fabric.utilities.rank_zero")
+    rank = getattr(getattr(rank_zero, "rank_zero_only", None), "rank", 0)
+    return rank if isinstance(rank, int) else 0
+
+
 def _fail(message: str) -> NoReturn:
-    sys.stderr.write(f"{PROG}: error: {message} {DEBUG_HINT}\n")
+    """Bad input: one line, exit 2; with several processes (``--trainer.devices 2``) every process refuses, and
+    only rank 0 (the launching process) prints the line."""
+    if _rank() == 0:
+        sys.stderr.write(f"{PROG}: error: {message} {DEBUG_HINT}\n")
     raise SystemExit(2)
 
 
@@ -389,8 +410,10 @@ def _diverged(err: BaseException) -> BaseException | None:
 
 
 def _stop(err: BaseException) -> NoReturn:
-    """Every client diverged: a known condition of the training, explained in one line (not bad input, not a bug)."""
-    sys.stderr.write(f"{PROG}: error: the run diverged: {' '.join(str(err).split())} {DEBUG_HINT}\n")
+    """Every client diverged: a known condition of the training, explained in one line (not bad input, not a bug);
+    printed by rank 0 only, as :func:`_fail`."""
+    if _rank() == 0:
+        sys.stderr.write(f"{PROG}: error: the run diverged: {' '.join(str(err).split())} {DEBUG_HINT}\n")
     raise SystemExit(getattr(err, "exit_code", DIVERGED_EXIT_CODE))
 
 
@@ -654,6 +677,9 @@ def _main(argv: Sequence[str] | None) -> None:
         diverged = _diverged(err)
         if diverged is not None:
             _stop(diverged)
+        run_file = next((e for e in _chain(err) if isinstance(e, RunFileError)), None)
+        if run_file is not None:  # a full disk, a read-only folder, a damaged CSV: in a round too, not a bug
+            _fail(" ".join(str(run_file).split()))
         if raised_in_round(err) is None and is_user_error(err):
             _fail(error_message(err))
         _bug(err)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightning_dfl.errors import reading
+
 ArrayLike = float | Sequence[float] | np.ndarray
 
 
@@ -162,7 +164,7 @@ def read_round_metrics(path: str | os.PathLike, columns: Sequence[str],
     logged in that call; rows without a round are skipped. A round that lacks any of the
     columns is left out.
     """
-    with open(path, newline="") as fh:
+    with reading(path), open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
         missing = [c for c in (round_col, *columns) if c not in header]

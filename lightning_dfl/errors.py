@@ -5,11 +5,20 @@
 - :class:`RunDiverged`: every client that trained in a round ended non-finite (a learning rate too
   high, data holding NaN/inf): a known, explained condition; one line naming the round, the clients and
   the likely cause, exit code :data:`DIVERGED_EXIT_CODE`.
+- :class:`RunFileError`: a file of the run folder could not be written (a read-only folder, a full disk) or
+  read (a damaged ``metrics.csv``): the machine's or the file's condition, not a bug, also inside a round; one
+  line naming the file and the OS's cause, exit code 2.
 - Anything else raised inside a round is a bug, whatever its type: the trainer marks it with the round
   (:func:`mark_in_round`) and the command line shows its traceback, exit 1, and where to report it.
 """
 
 from __future__ import annotations
+
+import csv
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 #: the exit code of a run stopped because every client diverged (2 is bad input, 1 a bug)
 DIVERGED_EXIT_CODE = 3
@@ -21,6 +30,51 @@ class RunDiverged(FloatingPointError):
     """Every client that trained in a round ended with non-finite weights or loss: the run stops."""
 
     exit_code = DIVERGED_EXIT_CODE
+
+
+class RunFileError(ValueError):
+    """A file of a run could not be written (read-only folder, disk full) or read (damaged, not text): the
+    message names the file and the cause."""
+
+
+def _os_cause(err: OSError) -> str:
+    code = f" ({errno.errorcode.get(err.errno, err.errno)})" if err.errno else ""
+    return f"{err.strerror or err}{code}"
+
+
+@contextmanager
+def writing(path: str | os.PathLike | None) -> Iterator[None]:
+    """Turn an ``OSError`` raised while writing ``path`` (a file of the run folder) into a :class:`RunFileError`
+    naming the file and the OS's cause (no space left, read-only file system, permission denied)."""
+    try:
+        yield
+    except RunFileError:
+        raise
+    except OSError as err:
+        where = str(err.filename) if err.filename else str(path)
+        raise RunFileError(f"cannot write {where!r}: {_os_cause(err)}; free space on that disk or choose another "
+                           "run folder (trainer.default_root_dir)") from err
+
+
+@contextmanager
+def reading(path: str | os.PathLike) -> Iterator[None]:
+    """Turn an error raised while reading the text file ``path`` (a run's CSV) into a :class:`RunFileError`
+    naming it: an ``OSError``, bytes that are not UTF-8 text, a malformed CSV."""
+    try:
+        yield
+    except RunFileError:
+        raise
+    except OSError as err:
+        raise RunFileError(f"cannot read {str(path)!r}: {_os_cause(err)}") from err
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise RunFileError(f"cannot read {str(path)!r}: it is not a CSV file written by lightning-dfl "
+                           f"({type(err).__name__}: {err})") from err
+    except (ValueError, KeyError) as err:  # a cell that is not a number, a row without a column it must have
+        if str(path) in str(err):  # a message of the reader's own, naming the file
+            raise
+        what = f"no column {err}" if isinstance(err, KeyError) else str(err)
+        raise RunFileError(f"cannot read {str(path)!r}: it is damaged or not a file written by lightning-dfl "
+                           f"({what})") from err
 
 
 def mark_in_round(err: BaseException, round_idx: int) -> None:

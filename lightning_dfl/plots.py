@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dfl.checks import is_int
+from lightning_dfl.errors import reading
 from lightning_dfl.cost import CostCurve
 from lightning_dfl.federation.dynamic_aggregation import SchedulingStats
 
@@ -337,7 +338,7 @@ def _metric_series(metrics_csv: Path, metric: str) -> tuple[list[int], list[floa
     """(rounds, values) of one metrics.csv column (empty when the column is absent)."""
     import csv
 
-    with metrics_csv.open(newline="") as fh:
+    with reading(metrics_csv), metrics_csv.open(newline="") as fh:
         reader = csv.DictReader(fh)
         if metric not in (reader.fieldnames or []):
             return [], []
@@ -374,7 +375,7 @@ def _read_diagnostics(run_dir: Path) -> dict[str, Any]:
     if (folder / "bytes.csv").is_file():
         data["bytes"] = read_matrix(folder / "bytes.csv")
     elif (folder / "edges.csv").is_file():  # a run stopped before its last round: sum the edges
-        with (folder / "edges.csv").open() as fh:
+        with reading(folder / "edges.csv"), (folder / "edges.csv").open() as fh:
             rows = list(csv.DictReader(fh))
         size = 1 + max((max(int(r["sender"]), int(r["receiver"])) for r in rows), default=-1)
         matrix = np.zeros((size, size))
@@ -382,13 +383,13 @@ def _read_diagnostics(run_dir: Path) -> dict[str, Any]:
             matrix[int(r["sender"]), int(r["receiver"])] += float(r["value_bytes"])
         data["bytes"] = matrix
     if (folder / "client_labels.csv").is_file():
-        with (folder / "client_labels.csv").open() as fh:
+        with reading(folder / "client_labels.csv"), (folder / "client_labels.csv").open() as fh:
             rows = list(csv.DictReader(fh))
         data["labels"] = [int(r["dominant_label"]) if r["dominant_label"] else -1 for r in rows]
         data["groups"] = [int(r["group"]) if r.get("group") else None for r in rows]
     if (run_dir / "clients.csv").is_file():
         final: dict[int, tuple[int, float]] = {}
-        with (run_dir / "clients.csv").open() as fh:
+        with reading(run_dir / "clients.csv"), (run_dir / "clients.csv").open() as fh:
             for row in csv.DictReader(fh):
                 if (row.get("acc_trained") or "").strip():
                     k, r = int(row["client"]), int(row["round"])

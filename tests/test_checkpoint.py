@@ -367,6 +367,23 @@ def test_a_checkpoint_with_an_all_false_mask_is_refused_naming_the_client(saved,
     assert started.events == []
 
 
+def test_resume_refuses_another_cpu_threads(tmp_path):
+    """A CPU run's results depend on its thread count (5 columns of metrics.csv differed after such a resume):
+    the count it computed with is in the identity, and a resume with another is refused naming it."""
+    threads = torch.get_num_threads()
+    try:
+        first = _trainer(tmp_path, rounds=1, checkpoint_every=1, cpu_threads=1)
+        first.fit(*_parts())
+        assert read_state(first.checkpoint_path)["identity"]["cpu_threads"] == 1
+        started = Started()
+        with pytest.raises(ValueError, match="another configuration") as info:
+            _trainer(tmp_path / "r", callbacks=[started], rounds=2, cpu_threads=2).fit(
+                *_parts(), ckpt_path=str(first.checkpoint_path))
+        assert "cpu_threads: checkpoint=1 now=2" in str(info.value) and started.events == []
+    finally:
+        torch.set_num_threads(threads)
+
+
 RESULT_SETTINGS = {"dropout": (0.0, 0.3), "deadline": (None, 5.0), "batched_clients": (False, True),
                    "memory_format": ("auto", "contiguous"), "matmul_precision": ("auto", "highest")}
 

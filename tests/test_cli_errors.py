@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
+import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +119,8 @@ CASES = [
     ("strategy_fsdp_with_2_devices", ["--trainer.devices=2", "--trainer.strategy=fsdp"], ["fsdp", "'ddp'"]),
     ("algorithm_not_shardable", ["--trainer.devices=2", "--trainer.algorithm=FedFomo"], ["FedFomo", "devices=1"]),
     ("accelerator_absent", ["--trainer.accelerator=mps"], ["MPS"]),
+    ("accelerator_tpu", ["--trainer.accelerator=tpu"], ["accelerator='tpu'", "auto, cpu, gpu, cuda, mps"]),
+    ("seed_negative", ["--trainer.seed=-1"], ["seed", "-1", "[0, 4294967295]"]),
     # unknown names
     ("unknown_dataset", ["--data.dataset=imagenet42"], ["imagenet42", "digits", "cifar10"]),
     ("unknown_arch", ["--model.arch=resnet1000"], ["resnet1000", "cnn_digits"]),
@@ -123,6 +129,8 @@ CASES = [
     ("unknown_algorithm_path", ["--trainer.algorithm.class_path=lightning_dfl.federation.algorithms.FedProx"],
      ["FedProx", "DisPFL"]),
     ("unknown_algorithm_name", ["--trainer.algorithm=FedProx"], ["FedProx", "DADPFL"]),
+    ("algorithm_class_path_null", ["--trainer.algorithm.class_path=null"],
+     ["trainer.algorithm", "class_path is null", "DisPFL"]),
     ("unknown_algorithm_option", ["--trainer.algorithm.init_args.num_neighbours=3"], ["num_neighbours", "topology"]),
     ("unknown_regrowth", ["--trainer.algorithm.init_args.regrowth=magic"], ["magic", "gradient", "random"]),
     ("unknown_distribution", ["--model.distribution=gaussian"], ["gaussian", "erk"]),
@@ -413,6 +421,39 @@ def test_a_checkpoint_holding_nan_is_refused_in_one_line_before_training(tmp_pat
     assert read_state(ckpt)["next_round"] == 1  # no round ran: the file is as it was
 
 
+def _garbage_rigl(state):
+    state["callbacks"]["RigL"] = {key: "garbage" for key in state["callbacks"]["RigL"]}
+
+
+def _nan_clock(state):
+    state["clock"]["elapsed"] = float("nan")
+
+
+@pytest.mark.parametrize(("damage", "named"), [(_garbage_rigl, ["the callbacks' state 'RigL'", "'garbage'"]),
+                                               (_nan_clock, ["the clock's state", "elapsed", "nan"])],
+                         ids=["garbage_rigl_state", "nan_clock"])
+def test_a_checkpoint_whose_part_cannot_be_loaded_names_the_file_and_the_part(tmp_path, capsys, monkeypatch, damage,
+                                                                             named):
+    from lightning_dfl.federation.checkpoint_io import read_state, write_state
+
+    blocked = FederatedTrainer.run_round
+    monkeypatch.undo()  # the run that writes the checkpoint trains one round
+    main(_fit(tmp_path, "--trainer.checkpoint_every=1", "--data.num_clients=6",
+              "--trainer.algorithm.init_args.num_neighbors=2"))
+    monkeypatch.setattr(FederatedTrainer, "run_round", blocked)  # the resume must not
+    ckpt = tmp_path / "runs" / "checkpoints" / "last.ckpt"
+    state = read_state(ckpt)
+    damage(state)
+    write_state(ckpt, state)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, "--trainer.rounds=2", f"--ckpt_path={ckpt}", "--data.num_clients=6",
+                  "--trainer.algorithm.init_args.num_neighbors=2"))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"the checkpoint {str(ckpt)!r}" in err and all(word in err for word in named), err
+
+
 @pytest.mark.parametrize("error", [ValueError("setting an array element with a sequence"), KeyError("w"),
                                    FileNotFoundError("x.npy")], ids=["ValueError", "KeyError", "FileNotFoundError"])
 def test_an_error_raised_inside_a_round_is_a_bug_not_bad_input(tmp_path, monkeypatch, capsys, error):
@@ -442,3 +483,75 @@ def test_every_client_diverging_is_one_line_naming_round_clients_and_cause(tmp_p
     assert err.startswith("lightning-dfl: error: the run diverged: round 1 of")
     assert "every client that trained (20: [0, 1, 2" in err
     assert "learning rate is probably too high" in err
+
+
+# -- the run folder cannot be written, a run's file cannot be read ---------------------------------------------
+def _full_disk(monkeypatch, name: str, code: int = errno.ENOSPC) -> None:
+    """Writing a file called ``name`` (or making a folder of that name) fails as on a full (or read-only) disk."""
+    real_open, real_mkdir = builtins.open, os.mkdir
+
+    def fail(path):
+        raise OSError(code, os.strerror(code), str(path))
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and Path(file).name == name and any(m in mode for m in "wax+"):
+            fail(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def fake_mkdir(path, *args, **kwargs):
+        if Path(path).name == name:
+            fail(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(io, "open", fake_open)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+
+
+@pytest.mark.parametrize(("name", "code"), [
+    ("metrics.csv", errno.ENOSPC), ("clients.csv", errno.ENOSPC), ("summary.json", errno.ENOSPC),
+    ("edges.csv", errno.ENOSPC), ("bytes.csv", errno.ENOSPC), ("config.yaml", errno.ENOSPC),
+    ("version_0", errno.EROFS),  # a read-only run folder: its version_N cannot be made
+])
+def test_a_run_file_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys, name, code):
+    """A full disk or a read-only folder while writing metrics.csv, clients.csv, summary.json or the diagnostics
+    (inside a round too) is one line naming the file and the OS's cause, exit 2, not an internal error."""
+    monkeypatch.undo()  # the run trains: the failure comes from the file
+    _full_disk(monkeypatch, name, code)
+    args = [a for a in _fit(tmp_path, "--data.num_clients=6", "--trainer.algorithm.init_args.num_neighbors=2")
+            if a != "--trainer.logger=false"]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"cannot write '{tmp_path / 'runs'}" in err and name in err, err
+    assert errno.errorcode[code] in err, err
+
+
+_COLUMNS = b"round,acc/headline,flops/train_per_client,comm/busiest_bytes,time/delay\n"
+
+
+@pytest.mark.parametrize("content", [_COLUMNS + b"\xff\xfe0,1,1,1,1\n", _COLUMNS + b"0,zero,1,1,soon\n"],
+                         ids=["not_utf8", "not_a_number"])
+def test_an_unreadable_metrics_csv_is_named(tmp_path, capsys, content):
+    (tmp_path / "metrics.csv").write_bytes(content)
+    for command in (["cost", f"--runs=[{tmp_path}]"], ["curves", f"--runs=[{tmp_path}]", "--metrics=[acc/headline]"]):
+        with pytest.raises(SystemExit) as info:
+            main(command)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert f"cannot read '{tmp_path / 'metrics.csv'}'" in err, err
+
+
+def test_a_refusal_is_printed_by_rank_0_only(tmp_path, monkeypatch, capsys):
+    """With --trainer.devices 2 every process refuses a bad checkpoint: the line was printed twice."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, "--data.num_clients=0"))
+    assert info.value.code == 2 and capsys.readouterr().err == ""
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, "--data.num_clients=0"))
+    assert info.value.code == 2 and "num_clients" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.callbacks.rigl import RigL
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import DPSGD, DisPFL, FedAvg, Local
@@ -157,6 +158,26 @@ def test_bf16_precisions_train_and_keep_the_mask(precision):
     assert trainer.store.weights[trainer.store.masked_names[0]].dtype == dtype
 
 
+def test_float16_aggregation_accumulates_in_float32():
+    """Half-precision models average in float32: in float16 the divisor's floor (1e-12) was 0, so a weight no
+    source held became 0 / 0 = NaN, and sums of large weights overflowed."""
+    masks = {"w": torch.tensor([[True, False, False], [True, True, False]])}
+    weights = {"w": torch.tensor([[40000.0, 0.0, 0.0], [40000.0, 2.0, 0.0]], dtype=torch.float16)}
+    out = masked_average(weights, masks, receiver_mask={"w": torch.tensor([True, True, True])})["w"]
+    assert out.dtype == torch.float16 and out.tolist() == [40000.0, 2.0, 0.0]
+
+
+def test_dispfl_in_16_true_stays_finite():
+    """16-true DisPFL ended "diverged" after its first aggregation (NaN from the float16 average), while Local
+    trained: an aggregation bug, not a divergence."""
+    trainer = _run(DisPFL(num_neighbors=2), rounds=2, num_clients=4, local_epochs=None, local_steps=2,
+                   precision="16-true")
+    store = trainer.store
+    assert store.weights[store.masked_names[0]].dtype == torch.float16
+    assert all(torch.isfinite(w).all() for w in store.weights.values())
+    assert all(m["faults/nonfinite_clients"] == 0 and m["train/loss"] < 1e4 for m in trainer.history)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"devices": "auto"}, "devices \\(processes per node\\) must be an integer >= 1, got 'auto'"),
     ({"strategy": "ddp"}, "strategy='ddp' with 1 process"),
@@ -167,10 +188,31 @@ def test_bf16_precisions_train_and_keep_the_mask(precision):
     ({"clock": "fast"}, "clock must be a lightning_dfl.federation.clock.Clock, got str"),
     ({"cpu_threads": 0}, "cpu_threads must be an integer >= 1, got 0"),
     ({"checkpoint_every": 1.5}, "checkpoint_every .0: never. must be an integer >= 0, got 1.5"),
+    # from Python, not the CLI: each once ended in a TypeError/AttributeError deep inside set-up or the first round
+    ({"client_speeds": "fast"}, "client_speeds must be a list of numbers > 0 .one per client., got 'fast'"),
+    ({"client_speeds": [1.0, "2"]}, "client_speeds must be a list of numbers > 0 .one per client., got \\[1.0, '2'\\]"),
+    ({"callbacks": "RigL"}, "callbacks must be Lightning Callback instances .e.g. RigL\\(\\)., got 'RigL' .str."),
+    ({"callbacks": [RigL(), "RigL"]}, "callbacks must be Lightning Callback instances .e.g. RigL\\(\\)., got 'RigL'"),
+    ({"seed": None}, "seed must be an integer in \\[0, 4294967295\\], got None"),
+    ({"seed": -1}, "seed must be an integer in \\[0, 4294967295\\], got -1"),
+    ({"default_root_dir": None}, "default_root_dir must be a folder's path .a str or os.PathLike., got None"),
+    ({"accelerator": "tpu"}, "accelerator='tpu' .*allowed: auto, cpu, gpu, cuda, mps"),
 ])
 def test_trainer_arguments_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FederatedTrainer(**kwargs)
+
+
+def test_fit_refuses_a_checkpoint_path_that_is_not_a_path(tmp_path):
+    trainer = FederatedTrainer(rounds=1, logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="ckpt_path must be a checkpoint file's path .a str or os.PathLike., got 123"):
+        trainer.fit(SparseClassifier(arch="cnn_digits"), FederatedDataModule(dataset="digits", num_clients=4), ckpt_path=123)
+
+
+@pytest.mark.parametrize("algorithm", [DisPFL, DPSGD])
+def test_num_neighbors_must_be_an_integer(algorithm):
+    with pytest.raises(ValueError, match="num_neighbors must be an integer >= 0, got '4'"):
+        algorithm(num_neighbors="4")
 
 
 def test_a_user_algorithm_from_the_readme_runs_as_a_chain():

@@ -33,7 +33,9 @@ def masked_average(
         receiver_mask: name -> boolean ``shape``: the receiver's current mask (omitted: no masking).
         coefficients: ``S`` non-negative weights of the sources.
 
-    The sums accumulate source by source, so no ``(S, *shape)`` copy is made.
+    The sums accumulate source by source, so no ``(S, *shape)`` copy is made. Half-precision sources
+    (float16, bfloat16) are summed and divided in float32 and the result cast back: in float16 the sum of a
+    few models overflows, and the divisor's floor (1e-12) is 0, so an entry nobody holds was 0 / 0 = NaN.
     """
     first = next(iter(weights.values()))
     num_sources = len(first)
@@ -54,7 +56,8 @@ def masked_average(
     if not floating:
         return out
     masked = [n for n in floating if n in masks]
-    numerators = _weighted_sums([weights[n] for n in floating], coef)
+    dtypes = [weights[n][0].dtype for n in floating]
+    numerators = _weighted_sums([weights[n] for n in floating], coef, [_accumulation_dtype(d) for d in dtypes])
     by_name = dict(zip(floating, numerators))
     if masked:  # 0 where nobody holds the weight
         denominators = _weighted_sums([masks[n] for n in masked], coef, [by_name[n].dtype for n in masked])
@@ -66,8 +69,13 @@ def masked_average(
     unmasked = [by_name[n] for n in floating if n not in masks]
     if unmasked:
         torch._foreach_div_(unmasked, num_sources if coef is None else sum(coef))
-    out.update(by_name)
+    out.update({n: by_name[n].to(d) for n, d in zip(floating, dtypes)})
     return {n: out[n] for n in weights}
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums of ``dtype`` tensors accumulate in: float32 for the 16-bit floats, else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _weighted_sums(tensors: list[Tensor | Sequence[Tensor]], coef: list[float] | None,

@@ -12,8 +12,9 @@ format (plain data only, read weights-only) is :mod:`lightning_dfl.federation.ch
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,8 +188,10 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
         raise CheckpointError(f"the checkpoint {str(path)!r} holds an empty mask (no active weight in any layer) for "
                               f"node {empty} (client {empty}): it is damaged or was edited (resume from another "
                               "checkpoint)")
-    federation.algorithm.load_state_dict(state["algorithm"])
-    federation.clock.load_state_dict(state["clock"])
+    with _loading(path, "the algorithm's state"):
+        federation.algorithm.load_state_dict(state["algorithm"])
+    with _loading(path, "the clock's state"):
+        federation.clock.load_state_dict(state["clock"])
     federation.history[:] = list(state["history"])  # in place: the trainer's list too
     saved = state["callbacks"]
     # a callback added on resume may start fresh only if it keeps no state (as Lightning allows)
@@ -197,5 +200,21 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
         raise ValueError(f"the checkpoint has no state for callbacks {missing}; it has {sorted(saved)}")
     for callback in federation.callbacks:
         if callback.state_key in saved:
-            callback.load_state_dict(saved[callback.state_key])
+            with _loading(path, f"the callbacks' state {callback.state_key!r}"):
+                callback.load_state_dict(saved[callback.state_key])
     return int(state["next_round"])
+
+
+@contextlib.contextmanager
+def _loading(path: str | os.PathLike, what: str) -> Iterator[None]:
+    """A part's ``load_state_dict`` that refuses its values (a wrong type, NaN where a number must be finite, a
+    missing key) raises a :class:`CheckpointError` naming the file and the part, not the bare value."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as err:
+        reason = f"no entry {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
+        raise CheckpointError(f"the checkpoint {str(path)!r} is damaged or does not fit this run: {what} cannot be "
+                              f"loaded ({reason}); it is not loaded (resume from another checkpoint, or start "
+                              "afresh)") from None  # the message holds the cause (the CLI shows the innermost)

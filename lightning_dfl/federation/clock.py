@@ -209,6 +209,11 @@ def build_clock(client_speeds: Sequence[float] | None, clock: Clock | None) -> C
     not both."""
     if client_speeds is not None and clock is not None:
         raise ValueError("give client_speeds or a clock, not both (client_speeds is Clock(speeds=...))")
+    if client_speeds is not None and (isinstance(client_speeds, (str, bytes)) or not isinstance(client_speeds, Sequence)
+                                      or not all(is_number(s) for s in client_speeds)):
+        shown = client_speeds if isinstance(client_speeds, (str, bytes)) or not isinstance(client_speeds, Sequence) \
+            else list(client_speeds)
+        raise ValueError(f"client_speeds must be a list of numbers > 0 (one per client), got {shown!r}")
     if client_speeds is not None and any(s <= 0 for s in client_speeds):
         raise ValueError(f"client_speeds must all be > 0, got {list(client_speeds)}")
     if clock is not None and not isinstance(clock, Clock):

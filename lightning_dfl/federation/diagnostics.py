@@ -66,6 +66,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from lightning_dfl.checks import check_int
+from lightning_dfl.errors import reading, writing
 from lightning_dfl.federation.plan import RoundPlan, every_and_last
 from lightning_dfl.seeding import derive_seed
 
@@ -453,9 +454,16 @@ class RunDiagnostics:
         self._previous_masks = packed_masks(store, range(self.num_clients)) if store.masked_names else None
         if self.folder is None or client_labels is None:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
         classes = max((len(c) for c in client_labels), default=0)
-        with (self.folder / "client_labels.csv").open("w", newline="") as f:
+        path = self.folder / "client_labels.csv"
+        with writing(path):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._write_labels(path, client_labels, groups, classes)
+
+    @staticmethod
+    def _write_labels(path: Path, client_labels: Sequence[Sequence[int]], groups: Sequence[int] | None,
+                      classes: int) -> None:
+        with path.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["client", "samples", "dominant_label", "group", *(f"label_{c}" for c in range(classes))])
             for k, counts in enumerate(client_labels):
@@ -530,8 +538,13 @@ class RunDiagnostics:
         edges, self._round_edges = self._round_edges, defaultdict(lambda: [0, 0])
         if self.folder is None:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / "edges.csv"
+        with writing(path):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._append_edges(path, edges, round_idx)
+
+    @staticmethod
+    def _append_edges(path: Path, edges: dict[tuple[int, int], list[int]], round_idx: int) -> None:
         new = not path.exists()
         with path.open("a", newline="") as f:
             writer = csv.writer(f)
@@ -564,7 +577,7 @@ class RunDiagnostics:
         earlier = Path(previous_log_dir) / FOLDER / "edges.csv"
         if not earlier.is_file():
             return
-        with earlier.open() as f:
+        with reading(earlier), earlier.open(newline="") as f:
             rows = [r for r in csv.DictReader(f) if int(r["round"]) < first_round]
         for r in rows:
             s, t = int(r["sender"]), int(r["receiver"])
@@ -572,27 +585,30 @@ class RunDiagnostics:
             self.index_bytes[s, t] += int(r["index_bytes"])
         if self.folder is None or (self.folder / "edges.csv").resolve() == earlier.resolve():
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with (self.folder / "edges.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["round", "sender", "receiver", "value_bytes", "index_bytes"])
-            writer.writeheader()
-            writer.writerows(rows)
+        path = self.folder / "edges.csv"
+        with writing(path):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=["round", "sender", "receiver", "value_bytes", "index_bytes"])
+                writer.writeheader()
+                writer.writerows(rows)
 
 
 def write_matrix(path: Path, matrix: np.ndarray, corner: str, fmt: str) -> None:
     """A square matrix as CSV: a header row of column ids after ``corner``, then one row per id."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([corner, *range(matrix.shape[1])])
-        for i, row in enumerate(matrix):
-            writer.writerow([i, *("nan" if isinstance(v, float) and math.isnan(v) else fmt.format(v)
-                                  for v in row.tolist())])
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow([corner, *range(matrix.shape[1])])
+            for i, row in enumerate(matrix):
+                writer.writerow([i, *("nan" if isinstance(v, float) and math.isnan(v) else fmt.format(v)
+                                      for v in row.tolist())])
 
 
 def read_matrix(path: str | Path) -> np.ndarray:
     """A matrix written by :func:`write_matrix`."""
-    with Path(path).open() as f:
+    with reading(path), Path(path).open(newline="") as f:
         rows = list(csv.reader(f))[1:]
     return np.array([[float(v) for v in row[1:]] for row in rows], dtype=np.float64)
 

@@ -28,6 +28,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from lightning_dfl.errors import reading, writing
+
 MB = 1e6
 CLIENTS_CSV = "clients.csv"
 
@@ -136,29 +138,38 @@ class RoundReporter:
     def log_dir(self) -> str | None:
         return getattr(self.logger, "log_dir", None) if self.logger else None
 
+    def metrics_file(self) -> str | None:
+        """What the logger writes: ``<log_dir>/metrics.csv`` for a CSV logger, else its folder."""
+        if self.log_dir is None:
+            return None
+        return str(Path(self.log_dir) / "metrics.csv") if isinstance(self.logger, CSVLogger) else self.log_dir
+
     def log_round(self, round_idx: int, metrics: dict[str, float], client_rows: list[dict[str, Any]]) -> None:
-        """Log one round and flush the logger; append its client rows."""
+        """Log one round and flush the logger; append its client rows. A failed write (disk full, read-only
+        folder) is a :class:`~lightning_dfl.errors.RunFileError` naming the file."""
         if self.logger is not None:
-            self.logger.log_metrics(metrics, step=round_idx)
-            self.logger.save()
+            with writing(self.metrics_file()):
+                self.logger.log_metrics(metrics, step=round_idx)
+                self.logger.save()
         self._write_client_rows(client_rows)
 
     def replay(self, history: list[dict[str, float]], previous_log_dir: Path) -> None:
         """A resumed run: log the checkpoint's rounds again (so this run's metrics cover every round)
         and start its ``clients.csv`` from the previous run's."""
         if self.logger is not None:
-            for round_idx, metrics in enumerate(history):
-                self.logger.log_metrics(metrics, step=round_idx)
-            self.logger.save()
+            with writing(self.metrics_file()):
+                for round_idx, metrics in enumerate(history):
+                    self.logger.log_metrics(metrics, step=round_idx)
+                self.logger.save()
         if self.log_dir is None or not self.is_global_zero:
             return
         earlier = Path(previous_log_dir) / CLIENTS_CSV
         mine = Path(self.log_dir) / CLIENTS_CSV
         if earlier.is_file() and earlier.resolve() != mine.resolve():
-            mine.parent.mkdir(parents=True, exist_ok=True)
-            rows = [r for r in csv.DictReader(earlier.open()) if int(r["round"]) < len(history)]
+            with reading(earlier), earlier.open(newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["round"]) < len(history)]
             if rows:
-                with mine.open("w", newline="") as f:
+                with writing(mine), mine.open("w", newline="") as f:
                     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
                     writer.writeheader()
                     writer.writerows(rows)
@@ -168,6 +179,10 @@ class RoundReporter:
         if not rows or self.log_dir is None or not self.is_global_zero:
             return
         path = Path(self.log_dir) / CLIENTS_CSV
+        with writing(path):
+            self._append_client_rows(path, rows)
+
+    def _append_client_rows(self, path: Path, rows: list[dict[str, Any]]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fields = list(dict.fromkeys(k for row in rows for k in row))
         if self._client_fields is None or not path.exists():
@@ -276,8 +291,9 @@ class RunSummary:
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "summary.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json())
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.to_json())
         return path
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lightning_dfl.checks import check_int
 from lightning_dfl.registry import Registry
 
 
@@ -13,9 +14,7 @@ class Topology:
     name = "base"
 
     def __init__(self, num_neighbors: int) -> None:
-        if num_neighbors < 0:
-            raise ValueError(f"num_neighbors must be >= 0, got {num_neighbors}")
-        self.num_neighbors = num_neighbors
+        self.num_neighbors = check_int("num_neighbors", num_neighbors, 0)
 
     def validate(self, num_clients: int) -> None:
         """Raise if this topology cannot connect ``num_clients`` clients."""

@@ -10,6 +10,7 @@ executor runs them level by level (:mod:`~lightning_dfl.federation.executor`), t
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.callbacks.base import check_supported
 from lightning_dfl.checks import check_bool, check_int, check_output_path
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.errors import RunDiverged, mark_in_round
+from lightning_dfl.errors import RunDiverged, mark_in_round, writing
 from lightning_dfl.federation import step_graphs
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
@@ -71,6 +72,35 @@ from lightning_dfl.federation.store_memory import (
 from lightning_dfl.federation.store_setup import build_store, state_fields
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
+
+
+#: the largest seed (NumPy's and Lightning's seeds are unsigned 32-bit integers)
+MAX_SEED = 2**32 - 1
+#: the accelerator names a run takes (Lightning's; a Lightning ``Accelerator`` instance is passed through)
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+
+
+def check_accelerator(accelerator: object) -> None:
+    """Refuse an accelerator this package cannot run on (TPUs, a name Lightning does not know) or that the machine
+    lacks, naming the setting and the allowed names (Lightning's own message names neither)."""
+    from lightning.fabric.accelerators import Accelerator
+    from lightning.fabric.connector import _Connector
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if isinstance(accelerator, Accelerator):
+        return
+    allowed = ", ".join(ACCELERATORS)
+    if accelerator not in ACCELERATORS:
+        extra = " (lightning-dfl does not run on TPUs)" if str(accelerator).lower() == "tpu" else ""
+        raise ValueError(f"accelerator={accelerator!r} is not supported{extra}; allowed: {allowed}")
+    if accelerator in ("auto", "cpu"):
+        return
+    try:
+        _Connector(accelerator=accelerator, devices=1)
+    except (RuntimeError, ImportError, ValueError, MisconfigurationException) as err:
+        message = " ".join(str(err).split())
+        raise ValueError(f"accelerator={accelerator!r} is not available on this machine: {message} "
+                         f"(allowed: {allowed}, where the machine has it)") from None  # the message holds the cause
 
 
 class FederatedTrainer:
@@ -195,7 +225,9 @@ class FederatedTrainer:
         if local_steps is not None:
             check_int("local_steps (None: local_epochs epochs)", local_steps, 1)
         check_int("eval_every", eval_every, 1)
-        check_int("seed", seed, 0, 2**32 - 1)  # NumPy's and Lightning's seeds
+        check_int("seed", seed, 0, MAX_SEED)  # NumPy's and Lightning's seeds
+        if not isinstance(default_root_dir, (str, os.PathLike)):
+            raise ValueError(f"default_root_dir must be a folder's path (a str or os.PathLike), got {default_root_dir!r}")
         check_output_path("default_root_dir", default_root_dir)
         devices, num_nodes, strategy = check_processes(devices, num_nodes, strategy)
         world_size = devices * num_nodes
@@ -242,6 +274,7 @@ class FederatedTrainer:
         self.precision = precision
         self._fabric_kwargs = {"accelerator": accelerator, "devices": devices, "num_nodes": num_nodes,
                                "precision": precision, "strategy": strategy}
+        check_accelerator(accelerator)
         self.fabric = Fabric(**self._fabric_kwargs)  # validates accelerator and precision now; rebuilt in fit
         self.callbacks = self._merge_callbacks(callbacks)
         self.logger = build_logger(logger, default_root_dir, self.algorithm.run_name())
@@ -315,7 +348,13 @@ class FederatedTrainer:
     def _merge_callbacks(self, callbacks: list[Callback] | Callback | None) -> list[Callback]:
         """The algorithm's callbacks in their order (a user instance of the same class takes the
         default's place, so e.g. voting still runs before PQI), then the user's other callbacks."""
+        if callbacks is not None and not isinstance(callbacks, (Callback, list, tuple)):
+            callbacks = [callbacks]  # refused below, by name
         user = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
+        wrong = next((c for c in user if not isinstance(c, Callback)), None)
+        if wrong is not None:
+            raise ValueError(f"callbacks must be Lightning Callback instances (e.g. RigL()), got {wrong!r} "
+                             f"({type(wrong).__name__})")
         check_supported(user)
         merged: list[Callback] = []
         for default in self.algorithm.callbacks():
@@ -392,7 +431,9 @@ class FederatedTrainer:
                 **({"batched_group_size": self.batched_group_size} if self.batched_clients else {}),
                 "memory_format": self.memory_format, "matmul_precision": self.matmul_precision,
                 **({"benchmark": self.benchmark} if self.benchmark is not None else {}),
-                "accelerator": self.fabric.device.type})
+                "accelerator": self.fabric.device.type,
+                # a CPU run's kernels split their reductions by thread: another count rounds differently
+                **({"cpu_threads": torch.get_num_threads()} if self.fabric.device.type == "cpu" else {})})
         self.state.step_graphs = graphs
         self.executor = self._make_executor(self.state)
         self.algorithm.init_state(self.store, num_clients)
@@ -401,7 +442,12 @@ class FederatedTrainer:
         self.reporter = RoundReporter(self.logger, self.is_global_zero)
 
     def _start_run(self, model: SparseClassifier, datamodule: FederatedDataModule) -> None:
-        """The run starts (set-up and resume checked): its folder is created now, with ``run_files``."""
+        """The run starts (set-up and resume checked): its folder is created now, with ``run_files``; a folder
+        that cannot be written is a :class:`~lightning_dfl.errors.RunFileError` naming it."""
+        with writing(self.default_root_dir):
+            self._create_run(model, datamodule)
+
+    def _create_run(self, model: SparseClassifier, datamodule: FederatedDataModule) -> None:
         num_clients = datamodule.num_clients
         self.diag = None
         if self.diagnostics is True or (self.diagnostics == "auto" and num_clients <= AUTO_MAX_K):
@@ -465,6 +511,8 @@ class FederatedTrainer:
         self._fitted = True
         if self.tune_allocator:  # before the data and the store are allocated
             tune_allocator()
+        if ckpt_path is not None and not isinstance(ckpt_path, (str, os.PathLike)):
+            raise ValueError(f"ckpt_path must be a checkpoint file's path (a str or os.PathLike), got {ckpt_path!r}")
         if ckpt_path is not None:
             check_file(ckpt_path)  # a missing or damaged file fails before any set-up
         elif self.resume_allow:
@@ -514,7 +562,8 @@ class FederatedTrainer:
         self._call("on_train_end")
         self._call("on_fit_end")
         if self.logger is not None:
-            self.logger.finalize("success")
+            with writing(self.reporter.metrics_file()):
+                self.logger.finalize("success")
         for callback in self.callbacks:
             callback.teardown(self, model, "fit")
         if self.enable_progress_bar and self.is_global_zero:

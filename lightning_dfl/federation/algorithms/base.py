@@ -287,7 +287,7 @@ class GossipAlgorithm(Algorithm):
     (``num_neighbors``; with the ``full`` topology every client hears the K - 1 others)."""
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying") -> None:
-        self.num_neighbors = num_neighbors
+        self.num_neighbors = check_int("num_neighbors", num_neighbors, 0)  # the full topology ignores it: checked here
         self.topology = topology
         self._topology: Topology = build_topology(topology, num_neighbors)
         if num_neighbors == 0 and not isinstance(self._topology, FullTopology):
