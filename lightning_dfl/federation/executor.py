@@ -162,10 +162,12 @@ class SerialExecutor:
             return
         recorders = [(c, c.shard_snapshot()) for c in t.callbacks if defined_hooks(c, ("on_client_train_end",))
                      and hasattr(c, "shard_snapshot") and hasattr(c, "shard_rollback")]
+        checked = {name: id(value) for name, value in ctx.staged.items()}
         t.call("on_client_train_end", node)
-        # a callback's change of the model (e.g. pruning) or of the task's staged records (e.g. a vote) must be
-        # finite too: else the task is contained and what the callbacks recorded of it is taken back
-        if (self._changes_after_training() or ctx.staged) and not self._finite(staged=ctx.staged):
+        recorded = {name: value for name, value in ctx.staged.items() if checked.get(name) != id(value)}
+        # a callback's change of the model (e.g. pruning) or its records staged with the task (e.g. a vote) must be
+        # finite too: else the task is contained and what the callbacks counted of it is taken back
+        if (self._changes_after_training() or recorded) and not self._finite(staged=recorded):
             for callback, mark in recorders:
                 callback.shard_rollback(mark)
             self._contain(ctx, record, accounting, evaluate)
