@@ -57,7 +57,7 @@ def test_fit_help_names_nothing_internal():
     text = _help("fit", "--help")
     for name in INTERNAL:
         assert name not in text, name
-    assert len(text.splitlines()) < 380
+    assert len(text.splitlines()) < 400  # the help stays short enough to read (381 lines after issue 37's checks)
 
 
 @pytest.mark.parametrize("name", [cls.__name__ for cls in ALGORITHMS.values() if cls.__name__ != "Local"])
