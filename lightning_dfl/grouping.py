@@ -9,14 +9,21 @@ labels (notes 1):
 
 * ``"kmeans"``: ``KMeans(n_clusters=num_groups, n_init=10, random_state=seed)`` (notes 4);
 * ``"dbscan"``: ``DBSCAN(eps, min_samples, metric="hamming")``; noise points are singleton groups.
-  ``eps="auto"`` derives eps from the masks (:func:`auto_eps`): the smallest Hamming distance at
-  which every device has ``min_samples - 1`` others within reach (the k-distance rule), so no
-  device is left as noise while the groups stay apart.
+  ``eps="auto"`` derives eps from the masks (:func:`auto_eps`): DBSCAN's clusters at a given eps are
+  a cut of its density tree, so eps is placed in the widest gap between the tree's merge heights
+  (the partition that holds over the widest range of eps), and never above the k-distance rule's
+  value (the smallest eps at which no device is noise). ``eps="kdist"`` is that k-distance rule
+  alone; one outlier sets it for all devices (under churn it chained every group into one;
+  docs/prisam.md item 21).
 
 If no dimension differs, or there are fewer distinct masks than ``num_groups`` (strictly: with
 exactly k distinct masks KMeans runs and finds them, no fallback), each distinct mask is its own
 group (:attr:`Grouping.fallback` says so). Labels are renumbered in order of
 first appearance, so equal partitions give equal labels.
+
+Alg. 2 compacts and clusters the masks of all N devices (its line 7 sums over k = 1..N). Under churn
+PRISAM clusters every device that has shared a mask, an absent one with the mask it shared last, and
+gives the round's participants their labels (:meth:`Grouping.restrict`; docs/prisam.md item 20).
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ import numpy as np
 
 from lightning_dfl.checks import check_int
 
-__all__ = ["GROUPING_METHODS", "Grouping", "auto_eps", "compact", "group_masks", "nearest_labels"]
+__all__ = ["AUTO_EPS_RULES", "GROUPING_METHODS", "Grouping", "auto_eps", "compact", "group_masks", "nearest_labels"]
 
 #: clustering methods of :func:`group_masks`
 GROUPING_METHODS = ("kmeans", "dbscan")
+#: how :func:`auto_eps` derives DBSCAN's eps: ``"lifetime"`` (``eps="auto"``) or ``"kdist"`` (``eps="kdist"``)
+AUTO_EPS_RULES = ("lifetime", "kdist")
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,12 @@ class Grouping:
         """Per group the indices (into the K devices) of its members, in increasing order."""
         return [np.flatnonzero(self.labels == g).tolist() for g in range(self.num_groups)]
 
+    def restrict(self, rows: "np.ndarray | list[int]") -> Grouping:
+        """The groups of the devices ``rows`` (indices into the K clustered), labels renumbered by first
+        appearance among them: the round's participants when absent devices were clustered too."""
+        labels = _first_appearance(self.labels[np.asarray(rows, dtype=np.int64)])
+        return Grouping(labels, self.differing_dims, self.distinct_masks, self.fallback, self.eps)
+
 
 def compact(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Drop the dimensions on which all K masks agree: ``(K, D') bool`` and the kept dimensions."""
@@ -72,20 +87,66 @@ def _first_appearance(labels: np.ndarray) -> np.ndarray:
     return np.array([mapping.setdefault(int(v), len(mapping)) for v in labels], dtype=np.int64)
 
 
-def auto_eps(dims: np.ndarray, min_samples: int = 2) -> float:
-    """DBSCAN's eps from the compact masks ``(K, D')``: the largest over devices of the Hamming
-    distance to its ``(min_samples - 1)``-th nearest other device (the k-distance rule: the smallest
-    eps at which every device is a core point), placed halfway to the next possible distance so that
-    float rounding cannot move a pair across it. 1.0 when there are fewer than ``min_samples``
-    devices or no compact dimension (nothing to separate)."""
+def _hamming(dims: np.ndarray) -> np.ndarray:
+    """Pairwise Hamming distances (bit counts) of ``(K, D')`` 0/1 rows, ``inf`` on the diagonal."""
+    differ = (dims[:, None, :] != dims[None, :, :]).sum(axis=2).astype(np.float64)
+    np.fill_diagonal(differ, np.inf)
+    return differ
+
+
+def merge_heights(dims: np.ndarray, min_samples: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """``(core, heights)`` of DBSCAN's density tree over ``(K, D')`` 0/1 rows, in bits: ``core[i]`` is
+    the distance from device i to its ``(min_samples - 1)``-th nearest other device (at eps >= core[i]
+    it is a core point), and ``heights`` the K - 1 edge lengths of the minimum spanning tree of the
+    mutual reachability distance max(core[i], core[j], d(i, j)). DBSCAN's clusters of core points at
+    eps are the components of that tree's edges <= eps (Campello, Moulavi and Sander 2013, DBSCAN*)."""
+    differ = _hamming(np.asarray(dims, dtype=bool))
+    core = np.sort(differ, axis=1)[:, min_samples - 2]
+    reach = np.maximum(np.maximum(core[:, None], core[None, :]), differ)
+    count = len(core)
+    inside = np.zeros(count, dtype=bool)
+    inside[0] = True
+    best, heights = reach[0].copy(), []
+    for _ in range(count - 1):  # Prim's algorithm (K is a round's devices: small)
+        candidate = np.where(inside, np.inf, best)
+        j = int(np.argmin(candidate))
+        heights.append(float(candidate[j]))
+        inside[j] = True
+        best = np.minimum(best, reach[j])
+    return core, np.asarray(heights)
+
+
+def auto_eps(dims: np.ndarray, min_samples: int = 2, rule: str = "lifetime") -> float:
+    """DBSCAN's eps from the compact masks ``(K, D')``, as a Hamming share, placed halfway to the next
+    possible distance so that float rounding cannot move a pair across it; 1.0 when there are fewer
+    than ``min_samples`` devices or no compact dimension (nothing to separate).
+
+    ``"kdist"`` is the k-distance rule: the largest over devices of the distance to its
+    ``(min_samples - 1)``-th nearest other device, the smallest eps at which no device is noise. One
+    outlier sets it for all (its distance to its nearest device, a member of some group, often exceeds
+    the distance between two groups), so a returning or joining device could chain every group into one.
+
+    ``"lifetime"`` (``eps="auto"``, the default) places eps in the widest gap between the distinct
+    non-zero merge heights of DBSCAN's density tree (:func:`merge_heights`): the partition that holds
+    over the widest range of eps (the lifetime criterion for cutting a dendrogram), so an outlier whose
+    link is far above the groups' own links stays noise (a group of its own). It never exceeds the
+    k-distance rule: above it every device is a core point, and raising eps only joins groups; zero
+    heights (devices sharing one mask, as a group's members do after aggregating, notes 2) carry no
+    scale and are left out, so identical group masks keep eps below one bit, as before. With fewer than
+    two distinct non-zero heights there is no gap to choose: the k-distance rule."""
+    if rule not in AUTO_EPS_RULES:
+        raise ValueError(f"unknown auto eps rule {rule!r}; allowed: {', '.join(AUTO_EPS_RULES)}")
     dims = np.asarray(dims, dtype=bool)
     count, bits = dims.shape
     if count < min_samples or bits == 0 or min_samples < 2:
         return 1.0
-    differ = (dims[:, None, :] != dims[None, :, :]).sum(axis=2).astype(np.float64)
-    np.fill_diagonal(differ, np.inf)
-    kth = np.sort(differ, axis=1)[:, min_samples - 2]
-    return float(min((kth.max() + 0.5) / bits, 1.0))
+    core, heights = merge_heights(dims, min_samples)
+    value = core.max()
+    distinct = np.unique(heights[heights > 0])
+    if rule == "lifetime" and len(distinct) >= 2:
+        widest = int(np.argmax(np.diff(distinct)))  # the first of equally wide gaps: the smaller eps
+        value = min(distinct[widest], value)
+    return float(min((value + 0.5) / bits, 1.0))
 
 
 def group_masks(vectors: np.ndarray, num_groups: int, method: str = "kmeans", seed: int = 0,
@@ -93,14 +154,14 @@ def group_masks(vectors: np.ndarray, num_groups: int, method: str = "kmeans", se
     """Group K devices by their masks (``(K, D)`` 0/1): compaction, then ``method``.
 
     ``num_groups`` is KMeans' k (DBSCAN finds its own number); ``eps`` and ``min_samples`` are
-    DBSCAN's (``eps`` a Hamming distance: the share of compact dimensions that differ, or
-    ``"auto"``: :func:`auto_eps` of the compact masks).
+    DBSCAN's (``eps`` a Hamming distance: the share of compact dimensions that differ, ``"auto"``:
+    :func:`auto_eps` of the compact masks, or ``"kdist"``: its k-distance rule).
     """
     if method not in GROUPING_METHODS:
         raise ValueError(f"unknown grouping method {method!r}; allowed: {', '.join(GROUPING_METHODS)}")
     check_int("num_groups", num_groups, 1)
-    if eps != "auto" and not (isinstance(eps, (int, float)) and 0.0 < eps <= 1.0):
-        raise ValueError(f"eps must be in (0, 1] (a Hamming distance) or 'auto', got {eps!r}")
+    if eps not in ("auto", "kdist") and not (isinstance(eps, (int, float)) and 0.0 < eps <= 1.0):
+        raise ValueError(f"eps must be in (0, 1] (a Hamming distance), 'auto' or 'kdist', got {eps!r}")
     check_int("min_samples", min_samples, 1)
     dims, _ = compact(vectors)
     if dims.shape[0] == 0:
@@ -116,7 +177,10 @@ def group_masks(vectors: np.ndarray, num_groups: int, method: str = "kmeans", se
     else:
         from sklearn.cluster import DBSCAN
 
-        eps = auto_eps(dims, min_samples) if eps == "auto" else float(eps)
+        if eps in ("auto", "kdist"):
+            eps = auto_eps(dims, min_samples, "lifetime" if eps == "auto" else "kdist")
+        else:
+            eps = float(eps)
         labels = DBSCAN(eps=eps, min_samples=min_samples, metric="hamming").fit_predict(dims)
         noise = np.flatnonzero(labels < 0)
         labels[noise] = labels.max(initial=-1) + 1 + np.arange(len(noise))

@@ -67,14 +67,16 @@ def test_exactly_k_distinct_masks_run_kmeans_without_a_fallback():
 
 def test_auto_eps_is_the_largest_distance_to_a_devices_nearest_other_device():
     """The k-distance rule (min_samples 2): every device reaches one other within eps, so none is
-    noise; the two planted clusters stay apart. Placed halfway to the next possible distance."""
+    noise; the two planted clusters stay apart. Placed halfway to the next possible distance. On two
+    clean clusters the default rule (the widest gap of the density tree) finds the same eps."""
     from lightning_dfl.grouping import auto_eps
 
     masks, truth = _two_clusters(np.random.default_rng(0))
     dims, _ = compact(masks)
     differ = (dims[:, None, :] != dims[None, :, :]).sum(axis=2).astype(float)
     np.fill_diagonal(differ, np.inf)
-    assert auto_eps(dims, 2) == pytest.approx((differ.min(axis=1).max() + 0.5) / dims.shape[1])
+    assert auto_eps(dims, 2, rule="kdist") == pytest.approx((differ.min(axis=1).max() + 0.5) / dims.shape[1])
+    assert auto_eps(dims, 2) == auto_eps(dims, 2, rule="kdist")
     grouping = group_masks(masks, num_groups=2, method="dbscan", eps="auto", min_samples=2)
     assert grouping.eps == auto_eps(dims, 2) and grouping.num_groups == 2
     assert np.array_equal(grouping.labels[:, None] == grouping.labels[None, :], truth[:, None] == truth[None, :])
@@ -100,7 +102,84 @@ def test_nearest_labels_assigns_a_newcomer_to_the_closest_known_mask():
     ({"method": "spectral"}, "unknown grouping method 'spectral'; allowed: kmeans, dbscan"),
     ({"num_groups": 0}, "num_groups"),
     ({"eps": 0.0}, "eps must be in \\(0, 1\\]"),
+    ({"eps": "knee"}, "eps must be in \\(0, 1\\] \\(a Hamming distance\\), 'auto' or 'kdist', got 'knee'"),
 ])
 def test_bad_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         group_masks(np.ones((2, 3), dtype=bool), **{"num_groups": 2, **kwargs})
+
+
+# -- churn: devices that join, leave and return (issue 36, part 3) ---------------------------------
+def _consensus_groups_and_a_returning_outlier():
+    """Three planted groups whose members aggregated (identical masks, notes 2: A and B 20 bits apart,
+    C far), four members each, and a device of A returning with a mask 24 bits from A's."""
+    bits = 60
+    a = np.zeros(bits, dtype=bool)
+    a[0:30] = True
+    b = a.copy()
+    b[20:30], b[30:40] = False, True
+    c = np.zeros(bits, dtype=bool)
+    c[30:60] = True
+    outlier = a.copy()
+    outlier[0:12], outlier[40:52] = False, True
+    view = np.array([a] * 4 + [b] * 4 + [c] * 4 + [outlier])
+    return view, np.array([0] * 4 + [1] * 4 + [2] * 4 + [0])
+
+
+def test_a_returning_outlier_does_not_merge_two_planted_groups():
+    """The round's participants are one member of A, one of B, two of C and the returning device. On
+    these five masks alone KMeans (k = 3) must spend a group on the outlier and merges A with B, for
+    good (their joint aggregation makes their masks identical, notes 2). Clustered with the masks the
+    absent members last published (Alg. 2 over all devices, line 7: the sum runs over k = 1..N), A and
+    B stay apart and the outlier joins A."""
+    view, truth = _consensus_groups_and_a_returning_outlier()
+    present = [0, 4, 8, 9, 12]
+    alone = group_masks(view[present], num_groups=3, seed=0)
+    assert alone.labels[0] == alone.labels[1]  # the defect: A and B merged
+    grouping = group_masks(view, num_groups=3, seed=0).restrict(present)
+    assert np.array_equal(grouping.labels[:, None] == grouping.labels[None, :],
+                          truth[present][:, None] == truth[present][None, :])
+    assert grouping.labels.tolist() == [0, 1, 2, 2, 0]  # renumbered by first appearance among the present
+
+
+def _three_noisy_groups_and_an_outlier():
+    rng = np.random.default_rng(0)
+    bits = 60
+    centres = np.zeros((3, bits), dtype=bool)
+    centres[0, 0:30], centres[1, 10:40], centres[2, 20:50] = True, True, True  # A-B, B-C 20 bits apart
+    rows = []
+    for g in range(3):
+        for _ in range(4):
+            row = centres[g].copy()
+            row[rng.choice(bits, size=2, replace=False)] ^= True
+            rows.append(row)
+    outlier = centres[0] | centres[1]  # a device between A and B, 13 bits from its nearest
+    outlier[rng.choice(bits, size=3, replace=False)] ^= True
+    return np.array(rows + [outlier]), np.repeat(np.arange(3), 4)
+
+
+def test_dbscan_auto_eps_with_one_outlier_keeps_the_groups():
+    """The k-distance rule takes the largest distance to a device's nearest other device, so the one
+    outlier sets eps for all (0.29 here) and links A and B. The default rule cuts the merge heights of
+    DBSCAN's density tree at their widest gap: the outlier is noise (a group of its own, notes 4) and
+    the three groups stay apart."""
+    from lightning_dfl.grouping import auto_eps
+
+    masks, truth = _three_noisy_groups_and_an_outlier()
+    dims, _ = compact(masks)
+    old = group_masks(masks, num_groups=3, method="dbscan", eps="kdist")
+    assert old.labels[0] == old.labels[4]  # the defect: A and B in one group
+    grouping = group_masks(masks, num_groups=3, method="dbscan", eps="auto")
+    assert grouping.eps == auto_eps(dims, 2) < auto_eps(dims, 2, rule="kdist")
+    assert np.array_equal(grouping.labels[:-1, None] == grouping.labels[None, :-1], truth[:, None] == truth[None, :])
+    assert (grouping.labels == grouping.labels[-1]).sum() == 1  # the outlier alone
+
+
+def test_auto_eps_leaves_identical_group_masks_apart():
+    """Without churn every group's members share one mask after their first aggregation (notes 2): no
+    device needs a neighbour farther than 0, and eps stays below one bit, as the k-distance rule had it."""
+    from lightning_dfl.grouping import auto_eps
+
+    masks = np.repeat(np.array([[1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 0, 1], [1, 0, 0, 1, 1, 1]], dtype=bool), 3, axis=0)
+    dims, _ = compact(masks)
+    assert auto_eps(dims, 2) == auto_eps(dims, 2, rule="kdist") == 0.5 / dims.shape[1]

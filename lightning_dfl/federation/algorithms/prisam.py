@@ -34,7 +34,8 @@ from lightning_dfl.sparse.channels import (
     state_channel_scores,
 )
 
-__all__ = ["CHANNELS_FIELD", "GROUPINGS", "PARTICIPANT_DRAWS", "PRISAM", "WARMUP_FIELD", "ChannelMessage"]
+__all__ = ["CHANNELS_FIELD", "GROUPINGS", "GROUPING_VIEWS", "PARTICIPANT_DRAWS", "PRISAM", "WARMUP_FIELD",
+           "ChannelMessage"]
 
 #: the store field holding each client's published channel mask (one bit per BN channel)
 CHANNELS_FIELD = "prisam/channels"
@@ -46,6 +47,9 @@ PARTICIPANT_DRAWS = ("uniform", "per_group")
 GROUPINGS = (*GROUPING_METHODS, "random")
 #: when groups are formed: every round (Alg. 1, L204) or once, at the first grouping round (frozen)
 REGROUPS = ("every_round", "frozen")
+#: whose masks Alg. 2 clusters: every device that has shared one ("all": line 7 sums over the N
+#: devices; an absent device with the mask it shared last) or the round's participants only
+GROUPING_VIEWS = ("all", "participants")
 
 
 @dataclass
@@ -102,10 +106,22 @@ class PRISAM(GossipAlgorithm):
         l1: lambda of an L1 penalty on the BN scaling factors (network slimming; off by default, notes 6).
         dbscan_eps, dbscan_min_samples: DBSCAN's settings (Hamming distance on compact masks; the
             paper gives none, notes 4). ``dbscan_eps="auto"`` (default) derives eps every grouping
-            round from the masks (:func:`~lightning_dfl.grouping.auto_eps`: the k-distance rule) and
-            logs it as ``prisam/dbscan_eps``; on ``configs/prisam_digits.yaml`` the within-group
-            Hamming share of the first masks is 0.26-0.46 and between groups 0.44-0.57, so a fixed
-            0.1 left every device alone (no aggregation) while "auto" (0.39-0.43) finds the 5 groups.
+            round from the masks (:func:`~lightning_dfl.grouping.auto_eps`: the widest gap of
+            DBSCAN's density tree, capped by the k-distance rule; docs/prisam.md item 21) and logs it
+            as ``prisam/dbscan_eps``; ``"kdist"`` is the k-distance rule alone (one outlier sets it for
+            all). On ``configs/prisam_digits.yaml`` the within-group Hamming share of the first masks
+            is 0.26-0.46 and between groups 0.44-0.57, so a fixed 0.1 left every device alone (no
+            aggregation) while "auto" (0.39-0.43) finds the 5 groups.
+        grouping_view: whose masks Alg. 2 compacts and clusters each round (docs/prisam.md item 20).
+            ``"all"`` (default): the round's grouped participants and every absent device that has
+            shared a mask in an earlier round, with the mask it shared last (the collector's memory,
+            checkpointed); only the participants are grouped (they alone aggregate and count in
+            ``prisam/ari``). Alg. 2's line 7 sums over the N devices, and the paper's rounds hold 100
+            of 200 devices, about 20 per group; with 10 of 20 (about 2 per group) a round's masks alone
+            made KMeans (k fixed) split a group or merge two whenever a joining device's mask was
+            unlike its group's, and a merge lasts (notes 2). ``"participants"``: the round's grouped
+            participants only (the earlier reading of notes 1). Without churn both are the same
+            devices. Logged: ``prisam/view`` (masks clustered), ``prisam/grouped`` (participants).
         num_neighbors, topology: the random peers of ``grouping="random"``.
         participants_per_round: devices taking part in round 0 (``None``: all); a seeded sample.
         participants_draw: how those are drawn: ``"uniform"`` over all devices, or ``"per_group"``:
@@ -124,7 +140,7 @@ class PRISAM(GossipAlgorithm):
                  grouping_ratio: float | str | None = None, l1: float = 0.0, dbscan_eps: float | str = "auto",
                  dbscan_min_samples: int = 2, num_neighbors: int = 10, topology: str = "time_varying",
                  participants_per_round: int | None = None, churn: float = 0.0,
-                 participants_draw: str = "uniform") -> None:
+                 participants_draw: str = "uniform", grouping_view: str = "all") -> None:
         super().__init__(num_neighbors, topology)
         ratios = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio]
         if not ratios:
@@ -152,9 +168,9 @@ class PRISAM(GossipAlgorithm):
         if not (is_number(l1) and l1 >= 0):
             raise ValueError(f"l1 must be a number >= 0, got {l1!r}")
         self.l1 = float(l1)
-        if dbscan_eps != "auto" and not (is_number(dbscan_eps) and 0 < dbscan_eps <= 1):
-            raise ValueError(f"dbscan_eps must be in (0, 1] (a Hamming distance) or 'auto', got {dbscan_eps!r}")
-        self.dbscan_eps = dbscan_eps if dbscan_eps == "auto" else float(dbscan_eps)
+        if dbscan_eps not in ("auto", "kdist") and not (is_number(dbscan_eps) and 0 < dbscan_eps <= 1):
+            raise ValueError(f"dbscan_eps must be in (0, 1] (a Hamming distance), 'auto' or 'kdist', got {dbscan_eps!r}")
+        self.dbscan_eps = dbscan_eps if dbscan_eps in ("auto", "kdist") else float(dbscan_eps)
         self.dbscan_min_samples = check_int("dbscan_min_samples", dbscan_min_samples, 1)
         self.participants_per_round = (None if participants_per_round is None
                                        else check_int("participants_per_round", participants_per_round, 1))
@@ -164,11 +180,18 @@ class PRISAM(GossipAlgorithm):
         if participants_draw not in PARTICIPANT_DRAWS:
             raise ValueError(f"unknown participants_draw {participants_draw!r}; allowed: {', '.join(PARTICIPANT_DRAWS)}")
         self.participants_draw = participants_draw
+        if grouping_view not in GROUPING_VIEWS:
+            raise ValueError(f"unknown grouping_view {grouping_view!r}; allowed: {', '.join(GROUPING_VIEWS)}")
+        self.grouping_view = grouping_view
         self._groups: tuple = ()
         self._bits = 0
         self._true_groups: np.ndarray | None = None
         self._history: list[tuple[int, ...]] = []  # participants of rounds 0, 1, ... (pure in the seed)
         self._frozen: dict[str, Tensor] | None = None
+        # the masks the grouped devices shared (Alg. 1 line 5), for grouping_view="all": the collector's
+        # memory as of the rounds before the current one, and this round's, committed when the next is planned
+        self._shared: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self._shared_pending: tuple[int, dict[int, tuple[Tensor, Tensor | None]]] | None = None
         self._kept_cache: dict[bytes, tuple[int, int, int]] = {}
         self._info: dict[str, float] = {}
         self._published: dict[int, tuple[int, int]] = {}
@@ -281,15 +304,24 @@ class PRISAM(GossipAlgorithm):
             return RoundPlan(ctx.round_idx, sorted(tasks + local, key=lambda t: t.node))
         ready = set(warming)
         active = [k for k in active if k not in ready]  # the grouped devices: every one has pruned
-        vectors = torch.stack([self._grouping_vector(ctx, k) for k in active]).numpy()
-        grouping = self._group(ctx, active, vectors)
+        shared = {k: (self._grouping_vector(ctx, k), None if self._grouping_ratio is None
+                      else ctx.store.read(k, CHANNELS_FIELD).cpu().clone()) for k in active}
+        view = self.view(ctx, active)
+        remembered = {**self._shared, **shared}
+        vectors = torch.stack([remembered[k][0] for k in view]).numpy()
+        rows = np.searchsorted(view, active)  # the participants' rows in the view (both sorted)
+        clustered = self._group(ctx, view, vectors)
+        grouping = clustered.restrict(rows)
+        if self.grouping_view == "all":
+            self._shared_pending = (ctx.round_idx, shared)  # a plan made again for this round replaces it
         tasks = list(local)
         for members in grouping.members():
             nodes = [active[i] for i in members]
             for k in nodes:
                 tasks.append(Task(node=k, sources=(Source(k), *(Source(j) for j in nodes if j != k))))
         side = self._grouping_traffic(active)
-        self._info.update({"prisam/groups": float(grouping.num_groups),
+        self._info.update({"prisam/groups": float(grouping.num_groups), "prisam/view": float(len(view)),
+                           "prisam/grouped": float(len(active)),
                            "prisam/differing_dims": float(grouping.differing_dims),
                            "prisam/distinct_masks": float(grouping.distinct_masks),
                            "prisam/grouping_fallback": float(grouping.fallback),
@@ -302,13 +334,30 @@ class PRISAM(GossipAlgorithm):
             truth = self._true_groups[np.asarray(active)]
             self._info["prisam/ari"] = float(adjusted_rand_score(truth, grouping.labels))
             if self._grouping_ratio is not None:  # notes 5: the ARI both ways
-                own = torch.stack([ctx.store.read(k, CHANNELS_FIELD).cpu() for k in active]).numpy()
+                own = torch.stack([remembered[k][1] for k in view]).numpy()
                 seed = derive_seed(ctx.seed, "prisam/grouping", ctx.round_idx) % (2 ** 32)
                 labels = group_masks(own, self.num_groups, self.grouping, seed, eps=self.dbscan_eps,
-                                     min_samples=self.dbscan_min_samples).labels
+                                     min_samples=self.dbscan_min_samples).restrict(rows).labels
                 self._info["prisam/ari_own_masks"] = float(adjusted_rand_score(truth, labels))
         tasks.sort(key=lambda t: t.node)
         return RoundPlan(ctx.round_idx, tasks, side_transfers=side)
+
+    def view(self, ctx: RoundContext, grouped: list[int]) -> list[int]:
+        """The devices whose masks Alg. 2 clusters this round, in id order: the ``grouped`` participants
+        and, with ``grouping_view="all"``, every absent device that has shared a mask in an earlier
+        round (it is clustered with the mask it shared last, which the collector kept). PRISAM Alg. 2
+        compacts and clusters the masks of all N devices (line 7 sums over k = 1..N; L204: one elected
+        device collects all masks and clusters them in each iteration); a device that is absent this
+        round is still one of the N. Only the participants are grouped: absent devices neither
+        aggregate nor count in the ARI (notes 18)."""
+        if self.grouping_view == "participants":
+            return list(grouped)
+        pending = self._shared_pending
+        if pending is not None and pending[0] < ctx.round_idx:  # the last round's masks join the memory
+            self._shared.update(pending[1])
+            self._shared_pending = None
+        taking_part = set(ctx.active_clients)
+        return sorted([*grouped, *(k for k in self._shared if k not in taking_part)])
 
     def _grouping_vector(self, ctx: RoundContext, client: int) -> Tensor:
         """The mask ``client`` shares for grouping: its published channel mask, or (``grouping_ratio``)
@@ -319,12 +368,15 @@ class PRISAM(GossipAlgorithm):
         scores = state_channel_scores(weights, self._groups)
         return ChannelMasks.from_scores(self._groups, scores, self._grouping_ratio).to_vector()
 
-    def _group(self, ctx: RoundContext, active: list[int], vectors: np.ndarray) -> Grouping:
+    def _group(self, ctx: RoundContext, nodes: list[int], vectors: np.ndarray) -> Grouping:
+        """Alg. 2 over the masks ``vectors`` of ``nodes`` (the round's :meth:`view`): compaction and
+        clustering, seeded per round; with ``regroup="frozen"`` the first grouping's labels, a device
+        not in it joining the group of the nearest mask."""
         seed = derive_seed(ctx.seed, "prisam/grouping", ctx.round_idx) % (2 ** 32)
         if self.regroup == "frozen" and self._frozen is not None:
             known = {int(n): int(lab) for n, lab in zip(self._frozen["nodes"], self._frozen["labels"])}
-            new = [i for i, k in enumerate(active) if k not in known]
-            labels = np.array([known.get(k, -1) for k in active], dtype=np.int64)
+            new = [i for i, k in enumerate(nodes) if k not in known]
+            labels = np.array([known.get(k, -1) for k in nodes], dtype=np.int64)
             if new:
                 labels[new] = nearest_labels(self._frozen["vectors"].numpy(), self._frozen["labels"].numpy(),
                                              vectors[new])
@@ -334,7 +386,7 @@ class PRISAM(GossipAlgorithm):
         grouping = group_masks(vectors, self.num_groups, self.grouping if self.grouping != "random" else "kmeans",
                                seed, eps=self.dbscan_eps, min_samples=self.dbscan_min_samples)
         if self.regroup == "frozen":
-            self._frozen = {"nodes": torch.tensor(active), "labels": torch.from_numpy(grouping.labels.copy()),
+            self._frozen = {"nodes": torch.tensor(nodes), "labels": torch.from_numpy(grouping.labels.copy()),
                             "vectors": torch.from_numpy(vectors.copy())}
         return grouping
 
@@ -506,9 +558,35 @@ class PRISAM(GossipAlgorithm):
         self._published.update(delta)
 
     # -- checkpoints ------------------------------------------------------------------------
+    @staticmethod
+    def _pack(masks: dict[int, tuple[Tensor, Tensor | None]]) -> dict[str, Tensor] | None:
+        if not masks:
+            return None
+        nodes = sorted(masks)
+        packed = {"nodes": torch.tensor(nodes, dtype=torch.int64),
+                  "vectors": torch.stack([masks[k][0] for k in nodes])}
+        if masks[nodes[0]][1] is not None:
+            packed["own"] = torch.stack([masks[k][1] for k in nodes])
+        return packed
+
+    @staticmethod
+    def _unpack(packed: dict[str, Tensor] | None) -> dict[int, tuple[Tensor, Tensor | None]]:
+        if not packed:
+            return {}
+        own = packed.get("own")
+        return {int(k): (packed["vectors"][i].clone(), None if own is None else own[i].clone())
+                for i, k in enumerate(packed["nodes"].tolist())}
+
     def state_dict(self) -> dict[str, Any]:
-        return {"frozen": None if self._frozen is None else dict(self._frozen)}
+        pending = self._shared_pending
+        return {"frozen": None if self._frozen is None else dict(self._frozen), "shared": self._pack(self._shared),
+                "shared_pending": None if pending is None else {"round": pending[0], **(self._pack(pending[1]) or {})}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         frozen = state.get("frozen")
         self._frozen = None if frozen is None else dict(frozen)
+        self._shared = self._unpack(state.get("shared"))
+        pending = state.get("shared_pending")
+        self._shared_pending = (None if pending is None
+                                else (int(pending["round"]), self._unpack({k: v for k, v in pending.items()
+                                                                           if k != "round"})))
