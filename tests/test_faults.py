@@ -31,6 +31,14 @@ def _parts(num_clients=6):
     return SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05), dm
 
 
+def _flagged(run_root):
+    """(round, client) of every row of the run's clients.csv flagged ``nonfinite``."""
+    rows = (run_root / "version_0" / "clients.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    flagged = [r.split(",") for r in rows[1:] if r.split(",")[header.index("nonfinite")] == "1"]
+    return [(int(r[0]), int(r[1])) for r in flagged]
+
+
 def _all_finite(store):
     return all(bool(torch.isfinite(t).all()) for t in store.weights.values())
 
@@ -64,10 +72,7 @@ def test_a_client_whose_update_is_not_finite_is_contained(tmp_path):
                        default_root_dir=str(tmp_path), logger=True)
     trainer.fit(model, dm)
     assert [m["faults/nonfinite_clients"] for m in trainer.history] == [0.0, 1.0, 0.0]
-    rows = (tmp_path / "dispfl" / "version_0" / "clients.csv").read_text().splitlines()
-    header = rows[0].split(",")
-    flagged = [r.split(",") for r in rows[1:] if r.split(",")[header.index("nonfinite")] == "1"]
-    assert [(int(r[0]), int(r[1])) for r in flagged] == [(1, 2)]  # round 1, client 2
+    assert _flagged(tmp_path / "dispfl") == [(1, 2)]  # round 1, client 2
     for n, t in seen[1].items():  # in round 1 client 2 published its start-of-round model
         assert torch.equal(seen[2][n], t)
     assert seen["finite_rounds"] == [True, True, True]  # no neighbour ever received a non-finite value
@@ -99,10 +104,7 @@ def test_a_client_publishing_finite_but_huge_weights_is_contained_and_named_as_t
                        logger=True)
     trainer.fit(model, dm)
     assert [m["faults/nonfinite_clients"] for m in trainer.history] == [0.0, 1.0, 0.0]
-    rows = (tmp_path / "dispfl" / "version_0" / "clients.csv").read_text().splitlines()
-    header = rows[0].split(",")
-    flagged = [r.split(",") for r in rows[1:] if r.split(",")[header.index("nonfinite")] == "1"]
-    assert [(int(r[0]), int(r[1])) for r in flagged] == [(1, 2)]  # round 1, client 2: the sender
+    assert _flagged(tmp_path / "dispfl") == [(1, 2)]  # round 1, client 2: the sender
     assert bounded == [True, True, True]  # no neighbour ever received the huge model
     assert all(math.isfinite(m["acc/personal_mean"]) for m in trainer.history)
 
@@ -430,10 +432,7 @@ def test_a_model_beyond_its_messages_float16_range_is_contained_at_the_sender(tm
                        default_root_dir=str(tmp_path), logger=True)
     trainer.fit(model, dm)
     assert [m["faults/nonfinite_clients"] for m in trainer.history] == [0.0, 1.0, 0.0]
-    rows = (tmp_path / "dfedavgm" / "version_0" / "clients.csv").read_text().splitlines()
-    header = rows[0].split(",")
-    flagged = [r.split(",") for r in rows[1:] if r.split(",")[header.index("nonfinite")] == "1"]
-    assert [(int(r[0]), int(r[1])) for r in flagged] == [(1, 2)]  # the sender
+    assert _flagged(tmp_path / "dfedavgm") == [(1, 2)]  # the sender
     assert all(bool((t.abs() <= 65504).all()) for t in trainer.store.weights.values())
     for parts in trainer.store.fields.values():
         assert all(bool(torch.isfinite(t).all()) for t in parts.values())
