@@ -41,8 +41,7 @@ import torch
 
 from lightning_dfl.federation.compact_state import CompactClientStore
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.state import StartReads
-from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.state import ClientStore, StartReads
 from lightning_dfl.federation.store_memory import available_bytes
 from lightning_dfl.federation.topology import build_topology
 from lightning_dfl.module import SparseClassifier

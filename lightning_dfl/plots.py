@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dfl.checks import is_int
-from lightning_dfl.errors import reading
 from lightning_dfl.cost import CostCurve
+from lightning_dfl.errors import reading
 from lightning_dfl.federation.dynamic_aggregation import SchedulingStats
 
 DPI = 100

@@ -73,7 +73,6 @@ from lightning_dfl.federation.store_setup import build_store, state_fields
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
 
-
 #: the largest seed (NumPy's and Lightning's seeds are unsigned 32-bit integers)
 MAX_SEED = 2**32 - 1
 #: the accelerator names a run takes (Lightning's; a Lightning ``Accelerator`` instance is passed through)
