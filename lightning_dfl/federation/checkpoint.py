@@ -115,6 +115,7 @@ def check_finite(state: dict[str, Any], store: Any, path: str | os.PathLike) -> 
     saved = state.get("store")
     saved = saved if isinstance(saved, dict) else {}
     specs = getattr(store, "field_specs", {})
+
     def refuse_large(what: str) -> CheckpointError:
         return CheckpointError(f"the checkpoint {where} holds weights above {PUBLISH_BOUND:g} in magnitude in {what}; "
                                "it is not loaded, since no client may publish such a model (its neighbours' averages "
@@ -123,13 +124,12 @@ def check_finite(state: dict[str, Any], store: Any, path: str | os.PathLike) -> 
     if saved.get("format") == "compact":  # a record per node: its values (active entries) per parameter
         for node, record in enumerate(saved.get("records") or []):
             for name, values in ((record or {}).get("values") or {}).items():
-                if _nonfinite(values):
-                    raise refuse(f"node {node}'s (client {node}) parameter {name!r}")
-                if _too_large(values):
-                    raise refuse_large(f"node {node}'s (client {node}) parameter {name!r}")
+                if _too_large(values):  # one pass over the values; a refusal then says which kind
+                    label = f"node {node}'s (client {node}) parameter {name!r}"
+                    raise refuse(label) if _nonfinite(values) else refuse_large(label)
     else:  # one stacked tensor per parameter: (slot, node, ...)
         for name, values in (saved.get("weights") or {}).items():
-            if _nonfinite(values) or _too_large(values):
+            if _too_large(values) or _nonfinite(values):  # _too_large covers NaN and inf of floating values
                 node = _first_bad_node(values, 1) if values.dim() > 1 else 0
                 label = f"node {node}'s (client {node}) parameter {name!r}"
                 raise refuse(label) if _nonfinite(values) else refuse_large(label)

@@ -239,7 +239,7 @@ class SerialExecutor:
                     checks += _within_bound([part], dtype_bound(dtype))
                 elif isinstance(part, float) and not math.isfinite(part):
                     return False
-        return bool(torch.stack([c.cpu() for c in checks]).all()) if checks else True
+        return bool(torch.stack([c.to(checks[0].device) for c in checks]).all()) if checks else True  # one read
 
     def _changes_after_training(self) -> bool:
         """Whether a callback may change the trained worker before it is published (``on_client_train_end``)."""
