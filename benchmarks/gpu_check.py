@@ -51,6 +51,17 @@ REPO = HERE.parent
 RESULTS = HERE / "results"
 
 
+#: where each run's whole output is kept (``--logs``; none by default)
+LOGS: Path | None = None
+
+
+def keep_log(name: str, text: str) -> None:
+    """Write a run's whole output to ``LOGS/<name>.log`` (when ``--logs`` names a folder)."""
+    if LOGS is not None:
+        LOGS.mkdir(parents=True, exist_ok=True)
+        (LOGS / ("".join(c if c.isalnum() or c in "-_." else "_" for c in name) + ".log")).write_text(text)
+
+
 def fit(out: Path, name: str, config: str, *options: str, timeout: float = 300, interrupted: bool = False) -> dict:
     """Run ``lightning-dfl fit`` into ``out/name``; return its wall time, rounds' wall times and summary
     (``interrupted``: the run must stop with exit code 130, as after Ctrl-C, and writes no summary)."""
@@ -60,10 +71,12 @@ def fit(out: Path, name: str, config: str, *options: str, timeout: float = 300, 
     tic = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as stopped:
+        keep_log(name, " ".join(cmd) + "\n" + _text(stopped.stdout) + _text(stopped.stderr))
         return {"name": name, "ok": False, "wall_s": time.perf_counter() - tic,
                 "error": f"stopped after {timeout:.0f} s (its share of --budget-s)"}
     wall = time.perf_counter() - tic
+    keep_log(name, " ".join(cmd) + "\n" + proc.stdout + proc.stderr)
     if proc.returncode != (130 if interrupted else 0):
         return {"name": name, "ok": False, "wall_s": wall, "error": (proc.stderr or proc.stdout)[-1500:]}
     run = max(root.glob("*/version_*"), key=lambda p: p.stat().st_mtime)
@@ -75,6 +88,10 @@ def fit(out: Path, name: str, config: str, *options: str, timeout: float = 300, 
     return {"name": name, "ok": True, "wall_s": wall, "run": str(run),
             "round_s": [float(r["time/wall_round_s"]) for r in rows], "summary": summary,
             "metrics": rows, "log": proc.stdout + proc.stderr}
+
+
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def logged(result: dict, prefix: str) -> str:
@@ -110,8 +127,10 @@ def script_table(report: Report, script: str, options: list[str], marker: str, m
     try:
         proc = subprocess.run([sys.executable, str(HERE / script), *options], capture_output=True, text=True,
                               cwd=REPO, timeout=max(60, min(most_s, report.deadline - time.monotonic())))
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as stopped:
+        keep_log(script, _text(stopped.stdout) + _text(stopped.stderr))
         return f"({script} ran past the time budget)"
+    keep_log(script, proc.stdout + proc.stderr)
     table = proc.stdout[proc.stdout.find(marker):] if proc.returncode == 0 else proc.stderr[-1500:]
     print(table, flush=True)
     return table
@@ -156,7 +175,10 @@ def main() -> None:
     parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS),
                         help="run only these checks (default: all, in this order)")
     parser.add_argument("--out", help="the table's file (default benchmarks/results/gpu_check.md)")
+    parser.add_argument("--logs", help="keep each run's whole output in this folder (<run>.log)")
     args = parser.parse_args()
+    global LOGS
+    LOGS = Path(args.logs) if args.logs else None
     begin = time.monotonic()
     accelerator = "gpu" if args.device == "cuda" else "cpu"
     out = Path(tempfile.mkdtemp(prefix="gpu_check_"))
