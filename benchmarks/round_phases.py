@@ -16,7 +16,8 @@ kernel is a launch and each read a wait, so the counts show a launch-bound or st
 ``--device-paths`` takes the accelerators' code paths on the CPU, so a CPU counts what a GPU would do (the
 engine's, and the optimizer's multi-tensor ``foreach`` step, torch's default on a GPU).
 ``--profile-top N`` also runs ``torch.profiler`` over the last round and prints its N most expensive
-operators (by self device time on a GPU, self CPU time otherwise).
+operators (by self device time on a GPU, self CPU time otherwise). It records every kernel: keep it to small
+rounds (on an H200 the papers' 100-client ResNet18 round, ~2,200 steps, had not finished after 160 s with it).
 
     python benchmarks/round_phases.py --config configs/dispfl_digits.yaml
     python benchmarks/round_phases.py --config configs/dispfl_cifar10_dir.yaml --device cuda --profile-top 25 -- \\
