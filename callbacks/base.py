@@ -78,3 +78,21 @@ def check_supported(callbacks: list[Any]) -> None:
         name = next((n for n in UNSUPPORTED_STOCK if isinstance(callback, getattr(stock, n))), None)
         if name is not None:
             raise ValueError(f"trainer.callbacks: {name} is not supported in a federation: {UNSUPPORTED_STOCK[name]}")
+
+
+def merge_callbacks(defaults: list[Any], callbacks: Any) -> list[Any]:
+    """A run's callbacks: the algorithm's ``defaults`` in their order (a user instance of the same class takes the
+    default's place, so e.g. voting still runs before PQI), then the user's other ``callbacks`` (one or a list of
+    Lightning callbacks; anything else is refused by name, as are the stock ones a federation cannot run)."""
+    from lightning.pytorch import Callback
+
+    if callbacks is not None and not isinstance(callbacks, (Callback, list, tuple)):
+        callbacks = [callbacks]  # refused below, by name
+    user = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
+    wrong = next((c for c in user if not isinstance(c, Callback)), None)
+    if wrong is not None:
+        raise ValueError(f"callbacks must be Lightning Callback instances (e.g. RigL()), got {wrong!r} "
+                         f"({type(wrong).__name__})")
+    check_supported(user)
+    merged = [next((c for c in user if type(c) is type(d)), d) for d in defaults]
+    return merged + [c for c in user if not any(c is m for m in merged)]

@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_dfl.federation.checkpoint_io import (
     CheckpointError,
     StoreLayout,
+    check_file,
     check_parts,
     check_store_layout,
     compare_identity,
@@ -157,6 +158,18 @@ def check_finite(state: dict[str, Any], store: Any, path: str | os.PathLike) -> 
 
     walk(state.get("algorithm"), "the algorithm's state", False)
     walk(state.get("callbacks"), "the callbacks' state", True)
+
+
+def check_resume_request(ckpt_path: Any, resume_allow: Iterable[str]) -> None:
+    """Refuse, before any set-up, a ``ckpt_path`` that is no path or no readable checkpoint file, and
+    ``resume_allow`` without a checkpoint."""
+    if ckpt_path is not None and not isinstance(ckpt_path, (str, os.PathLike)):
+        raise ValueError(f"ckpt_path must be a checkpoint file's path (a str or os.PathLike), got {ckpt_path!r}")
+    if ckpt_path is not None:
+        check_file(ckpt_path)
+    elif resume_allow:
+        raise ValueError(f"resume_allow={list(resume_allow)} applies only when resuming: give a checkpoint "
+                         "(--ckpt_path) or remove resume_allow")
 
 
 def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow: Iterable[str] = ()) -> int:

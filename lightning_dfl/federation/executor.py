@@ -306,6 +306,12 @@ class SerialExecutor:
             self._unsettled.append((record, gained))
         t.train_dataloader = None
 
+    def finish_round(self, accounting: RoundAccounting) -> None:
+        """The round's tasks all ran: read their records' values from the device at once, then take back what
+        the mask searches of contained tasks counted (:meth:`settle` needs the records read)."""
+        accounting.read_device_values()
+        self.settle()
+
     def settle(self) -> None:
         """After the round read its records (:meth:`RoundAccounting.read_device_values`): take back what the
         mask searches of contained tasks counted (their masks were never used)."""

@@ -30,6 +30,15 @@ class Interrupted(KeyboardInterrupt):
         self.checkpoint = checkpoint
         self.resume_hint = resume_hint
 
+    @classmethod
+    def after(cls, exit_code: int, what: str, checkpoint: Path, command_line: Sequence[str] | None) -> Interrupted:
+        """The stop after ``what`` happened, naming ``checkpoint`` and the command that resumes from it when the
+        file exists ("no checkpoint was written" otherwise)."""
+        path = checkpoint if checkpoint.is_file() else None
+        hint = resume_command(path, command_line) if path is not None else ""
+        where = f"checkpoint {path}" if path is not None else "no checkpoint was written"
+        return cls(exit_code, path, hint, f"{what}; {where}")
+
 
 class StopRequest:
     """Set by the first signal; :attr:`exit_code` tells which signal."""

@@ -1,7 +1,7 @@
 """Who takes part in a round, and its plan: the algorithm's participants, less the clients that dropped
 out (``dropout``, DisPFL App. B.6) and, under a ``deadline``, the stragglers whose task would end after it.
 
-The trainer asks :class:`RoundPlanner` for each round's first exchange; the algorithm plans
+The round asks :class:`RoundPlanner` for its exchanges; the algorithm plans
 (:meth:`~lightning_dfl.federation.algorithms.base.Algorithm.plan_round`) from the
 :class:`~lightning_dfl.federation.context.RoundContext` built here.
 """
@@ -9,6 +9,7 @@ The trainer asks :class:`RoundPlanner` for each round's first exchange; the algo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,18 @@ class RoundPlanner:
             active &= {c for c in range(k) if draws[c] >= self.dropout}
         return dataclasses.replace(ctx, participants=tuple(sorted(active - excluded)))
 
-    def first_exchange(self, round_idx: int, durations: tuple[float, ...]) -> tuple[RoundContext, Any, int]:
+    def exchanges(self, round_idx: int, durations: tuple[float, ...]) -> Iterator[tuple[RoundContext, Any, int]]:
+        """The round's exchanges, planned one at a time (a later one after the earlier ran): the first from
+        :meth:`_plan_meeting_deadline`, each later one by the algorithm with its own stream. Yields the context, the plan
+        and the stragglers the deadline dropped (the first exchange's for every one)."""
+        ctx, plan, stragglers = self._plan_meeting_deadline(round_idx, durations)
+        yield ctx, plan, stragglers
+        for exchange in range(1, self.algorithm.exchanges_per_round):
+            rng = np.random.default_rng(derive_seed(self.seed, "plan", round_idx, exchange))
+            ctx = dataclasses.replace(ctx, exchange=exchange, rng=rng)
+            yield ctx, self.algorithm.plan_round(ctx), stragglers
+
+    def _plan_meeting_deadline(self, round_idx: int, durations: tuple[float, ...]) -> tuple[RoundContext, Any, int]:
         """Plan the round's first exchange; with a deadline, drop the clients whose task would finish
         after it and plan again until every task meets it. Returns the context, the plan and the
         number of stragglers dropped."""

@@ -113,6 +113,18 @@ class RoundReporter:
         self._client_fields: list[str] | None = None
         self._warned_partial = False
 
+    def start_run(self, hparams: dict[str, Any], run_files: dict[str, str], root: str | os.PathLike) -> None:
+        """Log the run's hyperparameters and, on process 0, write ``run_files`` (by name) into its folder; a folder
+        under ``root`` that cannot be written is a :class:`~lightning_dfl.errors.RunFileError` naming it."""
+        if self.logger is None:
+            return
+        with writing(root):
+            self.logger.log_hyperparams(hparams)
+            if self.log_dir and self.is_global_zero:
+                Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+                for name, text in run_files.items():
+                    (Path(self.log_dir) / name).write_text(text)
+
     def warn_partial(self, round_idx: int, metrics: dict[str, float], num_clients: int, evaluated: bool) -> None:
         """Once per run: an evaluated round whose stragglers (clients that missed the deadline) are left out of
         ``acc/personal_mean``, which averages the ``acc/personal_count`` clients that met it."""

@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_warn
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 #: ordinary steps of a batch shape before it is captured (the first in the run: cuDNN's search, lazy set-up)
@@ -162,6 +162,16 @@ class StepGraphs:
         tensors = list(self.module.model.state_dict(keep_vars=True).values())
         tensors += self.module.mask.tensors() if self.module.mask is not None else []
         return (self.module.training, _addresses(tensors))
+
+    def report(self, algorithm: str) -> None:
+        """At the run's end: log the steps replayed, captured and run as usual; warn when ``algorithm`` took no
+        step through the default local loop (it trains with its own: nothing was captured)."""
+        counts = self.counts
+        rank_zero_info(f"CUDA graphs: {counts['replayed']} local steps replayed, {counts['captured']} captured, "
+                       f"{counts['ordinary']} ordinary (warm-up, or the first after the worker's tensors moved)")
+        if not any(counts.values()):
+            rank_zero_warn(f"cuda_graphs: {algorithm} took no step through the default local loop (train_locally), "
+                           "so no step was captured: it trains with its own loop")
 
     def reset(self) -> None:
         """Drop every graph once the device has run them (their memory returns to the pool)."""

@@ -1,0 +1,139 @@
+"""``build_federation``: a run's set-up, from its settings, algorithm, callbacks, model and data to the pieces
+the round loop runs: Fabric (built once, with the module as its callback), the engine's record
+(:class:`~lightning_dfl.federation.federation_state.FederationState`) with the client store, the round planner
+and the executor the settings ask for (serial, sharded across processes, or batched).
+
+The order is the run's contract: the data and the algorithm's checks first, then Fabric and the device (seeded),
+the module's placement and speed settings, the optimizer, what each executor refuses (before the store is
+allocated), the store, and the algorithm's initial state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from lightning.fabric import Fabric
+from lightning.fabric.plugins.precision import MixedPrecision
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
+
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import step_graphs
+from lightning_dfl.federation.batched import batched_executor, check_batchable
+from lightning_dfl.federation.clock import Clock
+from lightning_dfl.federation.executor import SerialExecutor
+from lightning_dfl.federation.federation_state import FederationState, HookDispatch
+from lightning_dfl.federation.kernels import (
+    apply_benchmark,
+    apply_matmul_precision,
+    apply_memory_format,
+    input_converter,
+    resolve_memory_format,
+    slow_bfloat16,
+)
+from lightning_dfl.federation.participation import RoundPlanner
+from lightning_dfl.federation.settings import RunSettings
+from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
+from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
+from lightning_dfl.federation.store_setup import build_store, state_fields
+from lightning_dfl.module import SparseClassifier
+
+__all__ = ["Federation", "build_federation"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Federation:
+    """What :func:`build_federation` returns: the pieces the round loop runs."""
+
+    fabric: Fabric
+    state: FederationState
+    planner: RoundPlanner
+    executor: SerialExecutor
+
+
+def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any], clock: Clock,
+                     model: SparseClassifier, datamodule: FederatedDataModule, owner: Any, history: list[dict[str, float]],
+                     executor_factory: Callable[[FederationState], SerialExecutor] | None = None) -> Federation:
+    """Set a run up (module docstring). ``owner`` is what the callbacks' hooks receive as the trainer, ``history``
+    the list the rounds' metrics are appended to (a checkpoint restores it); ``executor_factory``
+    (``state -> executor``) replaces the executor the settings ask for."""
+    if not isinstance(model, SparseClassifier):
+        raise ValueError(f"model must be a SparseClassifier, got {type(model).__name__}")
+    if not isinstance(datamodule, FederatedDataModule):
+        raise ValueError(f"datamodule must be a FederatedDataModule, got {type(datamodule).__name__}")
+    datamodule.setup("fit")
+    num_clients = datamodule.num_clients
+    algorithm.validate(num_clients)
+    if clock.speeds is not None and len(clock.speeds) != num_clients:
+        raise ValueError(f"client_speeds has {len(clock.speeds)} entries for {num_clients} clients")
+    model.build_for(datamodule)
+    algorithm.setup(model, datamodule)
+    if settings.cpu_threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.cpu_threads)
+    # the module is Fabric's callback: it re-masks the weights after every optimizer step
+    fabric = Fabric(**settings.fabric_kwargs(), callbacks=[model])
+    if fabric.world_size > 1:  # clients sharded across processes
+        check_shardable(algorithm, callbacks)
+        fabric.launch()
+    fabric.seed_everything(settings.seed, verbose=False)
+    if fabric.world_size > 1:  # no DDP wrapper: each process trains other clients, nothing is all-reduced
+        fabric.strategy.precision.convert_module(model).to(fabric.device)
+    else:
+        fabric.setup_module(model)  # device placement and the precision's dtype
+    model.check_optimizer_range(next(model.model.parameters()).dtype)
+    memory_format = resolve_memory_format(settings.memory_format, model.model)
+    apply_memory_format(model.model, memory_format)
+    apply_matmul_precision(settings.matmul_precision, fabric.device)
+    apply_benchmark(settings.benchmark)
+    slow = slow_bfloat16(getattr(fabric.strategy.precision, "precision", ""), fabric.device)
+    if slow is not None:
+        rank_zero_warn(slow)
+    model.mask.to(fabric.device)
+    optimizer = fabric.setup_optimizers(algorithm.make_optimizer(model))
+    if settings.batched_clients:  # refused before the store is allocated
+        check_batchable(algorithm, model, optimizer, settings.precision, callbacks)
+    graphs = _step_graphs(settings, algorithm, callbacks, model, optimizer, fabric) if settings.cuda_graphs else None
+    # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
+    plugin = fabric.strategy.precision
+    convert_input = input_converter(None if isinstance(plugin, MixedPrecision) else plugin.convert_input,
+                                    memory_format)
+    worker = {n: t for n, t in model.model.state_dict(keep_vars=False).items() if t.is_floating_point()}
+    clock.setup(num_clients, algorithm.num_servers, settings.seed)
+    fields = state_fields(algorithm, callbacks, owner, model)
+    store = build_store(settings.store, settings.store_device, worker, model, fields, num_clients,
+                        num_clients + algorithm.num_servers, algorithm.personal_masks, settings.seed, fabric.device,
+                        fabric.world_size // settings.num_nodes)
+    sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
+    planner = RoundPlanner(algorithm, clock, num_clients, settings.rounds, sample_counts, store, settings.seed,
+                           settings.dropout, settings.deadline)
+    state = FederationState(
+        algorithm=algorithm, callbacks=callbacks, call=HookDispatch(owner, callbacks, model), module=model,
+        optimizer=optimizer, fabric=fabric, datamodule=datamodule, store=store, clock=clock, worker=worker,
+        seed=settings.seed, rounds=settings.rounds, num_clients=num_clients, local_epochs=settings.local_epochs,
+        local_steps=settings.local_steps, eval_every=settings.eval_every, checkpoint_every=settings.checkpoint_every,
+        precision=settings.precision, convert_input=convert_input, history=history,
+        result_settings=settings.result_settings(fabric.device), step_graphs=graphs)
+    executor = executor_factory(state) if executor_factory is not None else _executor(settings, state, fabric)
+    algorithm.init_state(store, num_clients)
+    return Federation(fabric, state, planner, executor)
+
+
+def _step_graphs(settings: RunSettings, algorithm: Any, callbacks: list[Any], model: SparseClassifier,
+                 optimizer: Any, fabric: Fabric) -> StepGraphs:
+    """The worker's captured steps (``cuda_graphs``); ValueError when the device or the run cannot have them."""
+    backend = step_graphs.graph_backend(fabric.device)
+    if backend is None:
+        raise ValueError(f"cuda_graphs: true needs a CUDA GPU; this run's device is {fabric.device} "
+                         "(set accelerator: gpu, or cuda_graphs: false)")
+    check_graphable(algorithm, model, settings.precision, callbacks, settings.batched_clients)
+    return StepGraphs(backend, model, optimizer)
+
+
+def _executor(settings: RunSettings, state: FederationState, fabric: Fabric) -> SerialExecutor:
+    """The executor the settings ask for: sharded (several processes), batched, or serial."""
+    if fabric.world_size > 1:
+        return ShardedExecutor(state)
+    return batched_executor(state, settings.batched_group_size) if settings.batched_clients else SerialExecutor(state)
