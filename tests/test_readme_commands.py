@@ -128,6 +128,11 @@ def check_page(markdown: str) -> list[str]:
             runs_per_parent[parent] = version + 1
             run = str(Path(parent) / f"version_{version}")
             produced.add(run)
+            checkpoint = _option(rest, "--ckpt_path")
+            if checkpoint is not None and len(Path(checkpoint).parents) > 3 and \
+                    str(Path(checkpoint).parents[2]) != str(Path(parent)):
+                problems.append(f"{line}: resumes {checkpoint} but writes its run to {run}, not beside it; keep "
+                                "the first run's --trainer.default_root_dir")
             if trainer["checkpoint_every"]:
                 produced.add(str(Path(run) / "checkpoints" / "last.ckpt"))
         elif name in ("plot", *cli.SUBCOMMANDS):
@@ -195,6 +200,10 @@ def test_page_commands_parse_and_name_existing_files(page, in_scratch):
      "lightning-dfl export runs/a/dadpfl/version_0/checkpoints/last.ckpt", "checkpoint"),
     ("lightning-dfl fit --config configs/dadpfl_digits.yaml --trainer.default_root_dir=runs/a\n"
      "lightning-dfl cost --runs '[runs/a/dadpfl/version_1]'", "run folder"),
+    ("lightning-dfl fit --config configs/dadpfl_digits.yaml --trainer.checkpoint_every=10 "
+     "--trainer.default_root_dir=runs/a\n"
+     "lightning-dfl fit --config configs/dadpfl_digits.yaml --ckpt_path runs/a/dadpfl/version_0/checkpoints/last.ckpt",
+     "not beside it"),
     ("lightning-dfl cost --runz '[runs/a]'", "runz"),
     ("lightning-dfl schedule --neighbours '[5]'", "neighbours"),
     ("lightning-dfl plot diagnostic runs/a/dadpfl/version_0", "diagnostic"),
