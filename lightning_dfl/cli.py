@@ -630,27 +630,40 @@ def _run(args: list[str]) -> None:
         FederatedCLI(args=args, parser_kwargs={"exit_on_error": False, "prog": PROG})
 
 
-def _stdout_closed() -> NoReturn:
-    """The reader of stdout went away (``lightning-dfl --help | head -1``): stop quietly, as Python's
-    documentation advises for SIGPIPE (the rest of the output goes to devnull, exit code 1)."""
+#: a class's help in ``fit``: ``--trainer.algorithm.help=DADPFL`` or ``--trainer.algorithm.help DADPFL``
+_CLASS_HELP = re.compile(r"--[\w.]+\.help(=.*)?")
+
+
+def is_help_request(args: Sequence[str]) -> bool:
+    """Whether the command line only asks for a text: the usage, ``--version``, a ``--help`` or a class's help."""
+    return (not args or args[0] in ("--version", "-V")
+            or any(a in ("-h", "--help") or _CLASS_HELP.fullmatch(a) for a in args))
+
+
+def _stdout_closed(code: int) -> NoReturn:
+    """The reader of stdout went away (``lightning-dfl --help | head -1``): stop quietly with ``code``, the rest
+    of the output going to devnull."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):  # stdout without a file descriptor (replaced by a test's capture)
         pass
-    raise SystemExit(1)
+    raise SystemExit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``lightning-dfl`` console script: one line for bad input (exit code 2) and for a
-    diverged run (3); a bug's traceback with where to report it (1); quiet when stdout's reader closed it."""
+    diverged run (3); a bug's traceback with where to report it (1). When stdout's reader closes it early it
+    stops quietly: exit code 0 for a help or version text (the reader took what it wanted, whether or not the
+    text was all written before it left), 1 for any other command (its output was cut short)."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            _main(argv)
+            _main(args)
         finally:
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except BrokenPipeError:
-        _stdout_closed()
+        _stdout_closed(0 if is_help_request(_debug(args)[0]) else 1)
 
 
 def _main(argv: Sequence[str] | None) -> None:

@@ -59,16 +59,29 @@ def test_the_fit_classes_are_still_reachable_from_the_cli_module():
     assert MisconfigurationException in cli.user_errors() and MisconfigurationException in cli.USER_ERRORS
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["fit", "--help"], ["schedule", "--num_clients=20", "--neighbors=[3]", "--rounds=50"]])
-def test_a_closed_stdout_ends_quietly(args):
-    """``lightning-dfl --help | head -1``: the reader closes the pipe early; no BrokenPipeError traceback."""
+@pytest.mark.parametrize("args, code", [
+    (["--help"], 0), ([], 0), (["--version"], 0), (["fit", "--help"], 0), (["fit", "--trainer.clock.help=Clock"], 0),
+    (["schedule", "--help"], 0), (["schedule", "--num_clients=20", "--neighbors=[3]", "--rounds=50"], 1)])
+def test_a_closed_stdout_ends_quietly_with_a_fixed_code(args, code):
+    """``lightning-dfl --help | head -1``: the reader closes the pipe (here before the child writes anything, so
+    every write fails): no traceback; exit code 0 for a help or version text, 1 for a command's cut output."""
     child = subprocess.Popen([sys.executable, "-m", "lightning_dfl", *args], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
     child.stdout.close()  # before the child, still starting Python, writes anything
     err = child.stderr.read().decode()
     child.stderr.close()
-    assert child.wait(timeout=300) in (0, 1)
+    assert child.wait(timeout=300) == code
     assert err == ""
+
+
+@pytest.mark.parametrize("args, expected", [([], True), (["--version"], True), (["fit", "-h"], True),
+                                            (["fit", "--trainer.algorithm.help=DADPFL"], True),
+                                            (["fit", "--trainer.algorithm.help", "DADPFL"], True),
+                                            (["fit", "--config", "help.yaml"], False), (["cost", "--runs=[a]"], False)])
+def test_help_requests_are_recognized(args, expected):
+    from lightning_dfl.cli import is_help_request
+
+    assert is_help_request(args) is expected
 
 
 def test_fit_help_is_kept_and_then_shown_without_torch(tmp_path, monkeypatch):
