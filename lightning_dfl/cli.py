@@ -11,6 +11,7 @@ a round whatever its type, is a bug: its traceback, exit code 1 and a last line 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import os
@@ -18,7 +19,7 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -556,7 +557,6 @@ def _help_key() -> str:
 
 
 def _render_fit_help() -> str:
-    import contextlib
     import io
 
     from lightning_dfl.fit_cli import FederatedCLI
@@ -651,6 +651,30 @@ def _stdout_closed(code: int) -> NoReturn:
     raise SystemExit(code)
 
 
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """A warning as one line on stderr, ``lightning-dfl: warning: <message>`` (the category's name in place of
+    ``warning`` when it is not a plain UserWarning), without the source path and line Python prints."""
+    kind = "warning" if category is UserWarning else category.__name__
+    try:
+        (sys.stderr if file is None else file).write(f"{PROG}: {kind}: {' '.join(str(message).split())}\n")
+    except (OSError, ValueError):  # stderr closed: the warning is lost, as Python's own would be
+        pass
+
+
+@contextlib.contextmanager
+def _one_line_warnings(enabled: bool) -> Iterator[None]:
+    """Within this block warnings are shown by :func:`show_warning` (with ``--debug``: Python's own format)."""
+    if not enabled:
+        yield
+        return
+    previous, warnings.showwarning = warnings.showwarning, show_warning
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``lightning-dfl`` console script: one line for bad input (exit code 2) and for a
     diverged run (3); a bug's traceback with where to report it (1). When stdout's reader closes it early it
@@ -659,7 +683,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            _main(args)
+            with _one_line_warnings(enabled=not _debug(args)[1]):
+                _main(args)
         finally:
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except BrokenPipeError:

@@ -53,6 +53,15 @@ def test_every_option_is_described(args):
     assert [option for option, description in described if not description] == []
 
 
+@pytest.mark.parametrize("args", HELPS, ids=[a[-1].rpartition("=")[2] for a in HELPS])
+def test_no_sentence_lost_a_reference(args):
+    """A docstring's Sphinx reference (``:mod:`x```) is dropped from the help: no sentence may end in one
+    ("the hooks of .") or hold an empty pair of parentheses."""
+    text = " ".join(_help(*args).split())
+    broken = re.search(r".{0,40}(\w \.(\s|$)|(?<!default: )\(\s*\)|\bof [,;.)])", text)
+    assert broken is None, broken[0]
+
+
 def test_fit_help_names_nothing_internal():
     text = _help("fit", "--help")
     for name in INTERNAL:

@@ -119,8 +119,8 @@ class FederatedTrainer:
         precision: Lightning's precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"64-true"``, ...).
         strategy: ``"auto"``, or ``"ddp"`` with several processes (tasks sharded, no gradient all-reduce).
         num_nodes: machines; ``devices x num_nodes`` processes in all, whose results are those of one process.
-        callbacks: Lightning callbacks; they receive the training hooks and the federated (round and client)
-            hooks of :mod:`lightning_dfl.callbacks.base`.
+        callbacks: Lightning callbacks; they receive the training hooks and, where they define them, the
+            federated hooks of each round and client (on_federated_round_start, on_client_end, ...).
         logger: a Lightning logger, ``True``/``None`` for a CSV logger, ``"tensorboard"`` for a
             TensorBoard logger, ``False`` for none.
         default_root_dir: where loggers write (``<root>/<algorithm>/version_N``).
@@ -332,6 +332,16 @@ class FederatedTrainer:
         """Where checkpoints go: ``<log_dir>/checkpoints/last.ckpt`` (``default_root_dir`` without a logger)."""
         return Path(self.log_dir or self.default_root_dir) / "checkpoints" / "last.ckpt"
 
+    def _checkpoint_left(self) -> str:
+        """What a run that stops now leaves to resume from: its last checkpoint (finite weights only), or none."""
+        last = getattr(self, "_last_checkpoint", None)  # (path, rounds done): written by this run or resumed from
+        if last is not None:
+            return f"The last checkpoint, {last[0]} (after round {last[1]}), holds finite weights only"
+        if not self.checkpoint_every:
+            return "No checkpoint was written (checkpoint_every=0)"
+        return (f"No checkpoint was written yet (checkpoint_every={self.checkpoint_every}: the first after round "
+                f"{self.checkpoint_every})")
+
     @property
     def loggers(self) -> list[Logger]:
         return [self.logger] if self.logger else []
@@ -519,6 +529,7 @@ class FederatedTrainer:
                              "(--ckpt_path) or remove resume_allow")
         self._setup(model, datamodule)
         first_round = load_checkpoint(self.state, ckpt_path, self.resume_allow) if ckpt_path is not None else 0
+        self._last_checkpoint = (Path(ckpt_path), first_round) if ckpt_path is not None else None
         self._start_run(model, datamodule)
         if first_round:
             self.reporter.replay(self.history, Path(ckpt_path).parent.parent)
@@ -544,6 +555,7 @@ class FederatedTrainer:
                         done = f"stopped after round {round_idx + 1} of {self.rounds}"  # a second signal waits for the file
                         with stop.hold(lambda code, done=done: self._interrupted(code, done)):
                             save_checkpoint(self.state, self.checkpoint_path)
+                        self._last_checkpoint = (self.checkpoint_path, round_idx + 1)
                 advance(metrics)
                 if stop.requested and round_idx < self.rounds - 1:
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx + 1} of {self.rounds}")
@@ -612,7 +624,7 @@ class FederatedTrainer:
             raise RunDiverged(
                 f"round {round_idx + 1} of {self.rounds}: every client that trained ({len(failed)}: {failed}) ended with non-finite "
                 "(or above 1e30) weights or loss; the learning rate is probably too high for this model and data (or the data "
-                "hold NaN/inf values). The last checkpoint holds finite weights only")
+                f"hold NaN/inf values). {self._checkpoint_left()}")
         metrics = accounting.metrics()
         active = self.num_clients if ctx.participants is None else len(ctx.participants)
         metrics["clients/active_share"] = active / self.num_clients
