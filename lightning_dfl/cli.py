@@ -535,20 +535,48 @@ def _help_cache() -> Path | None:
     return Path(root or "~/.cache/lightning-dfl").expanduser() / "help"
 
 
-def _help_key() -> str:
-    """What ``fit --help`` depends on: the project's sources (their sizes and times), the versions of Python,
-    lightning-dfl and the libraries that write the help, and the terminal's width."""
-    import hashlib
-    import shutil
+#: the libraries whose versions change what ``fit``'s help texts say
+_HELP_LIBRARIES = ("lightning", "jsonargparse", "docstring-parser", "torch", "omegaconf")
+#: ``fit``'s help texts kept in the package (``python -m lightning_dfl.help_texts`` writes them), at this width
+KEPT_HELP = Path(__file__).with_name("help_texts.json")
+KEPT_HELP_WIDTH = 80
+
+
+def _library_versions() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 
-    digest = hashlib.sha256(f"{sys.version}|{version()}|{shutil.get_terminal_size().columns}".encode())
-    for dist in ("lightning", "jsonargparse", "docstring-parser", "torch", "omegaconf"):
+    found = []
+    for dist in _HELP_LIBRARIES:
         try:
-            digest.update(f"|{dist}={dist_version(dist)}".encode())
+            found.append(f"{dist}={dist_version(dist)}")
         except PackageNotFoundError:
-            digest.update(f"|{dist}=-".encode())
+            found.append(f"{dist}=-")
+    return "|".join(found)
+
+
+def help_source_key() -> str:
+    """What ``fit``'s help texts depend on, by content (equal in every clone of one commit): the project's
+    sources, the Python version (argparse's layout) and the versions of the libraries that write the help."""
+    import hashlib
+
+    digest = hashlib.sha256(f"python {sys.version_info[0]}.{sys.version_info[1]}|{_library_versions()}".encode())
+    for folder in dict.fromkeys(_own_folders()):
+        root = Path(folder)
+        for path in sorted(root.rglob("*.py")):
+            digest.update(f"|{root.name}/{path.relative_to(root).as_posix()}|".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _help_key(request: str) -> str:
+    """The user cache's key of a help text: the project's sources (their sizes and times), the versions of
+    Python, lightning-dfl and the libraries that write the help, the terminal's width and the request."""
+    import hashlib
+    import shutil
+
+    digest = hashlib.sha256(f"{sys.version}|{version()}|{shutil.get_terminal_size().columns}|{request}|"
+                            f"{_library_versions()}".encode())
     for folder in dict.fromkeys(_own_folders()):
         for path in sorted(Path(folder).rglob("*.py")):
             stat = path.stat()
@@ -556,7 +584,42 @@ def _help_key() -> str:
     return digest.hexdigest()[:32]
 
 
-def _render_fit_help() -> str:
+def fit_help_request(args: Sequence[str]) -> str | None:
+    """``fit --help`` or one class's help alone (``fit --trainer.algorithm.help=DADPFL``): the request as the
+    help texts are kept (``"--help"``, ``"--trainer.algorithm.help=DADPFL"``); None for any other command."""
+    if len(args) < 2 or args[0] != "fit":
+        return None
+    rest = list(args[1:])
+    if rest in (["--help"], ["-h"]):
+        return "--help"
+    if len(rest) == 1 and _CLASS_HELP.fullmatch(rest[0]) and "=" in rest[0]:
+        return rest[0]
+    if len(rest) == 2 and _CLASS_HELP.fullmatch(rest[0]) and "=" not in rest[0] and not rest[1].startswith("-"):
+        return f"{rest[0]}={rest[1]}"
+    return None
+
+
+def kept_help(request: str) -> str | None:
+    """The help text kept in the package for ``request``, when it was written for these sources and libraries
+    and the terminal is at least :data:`KEPT_HELP_WIDTH` columns wide; else None."""
+    import json
+    import shutil
+
+    if shutil.get_terminal_size().columns < KEPT_HELP_WIDTH:
+        return None
+    try:
+        kept = json.loads(KEPT_HELP.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("key") != help_source_key():
+        return None
+    text = (kept.get("texts") or {}).get(request)
+    return text if isinstance(text, str) else None
+
+
+def render_fit_help(request: str) -> str:
+    """What ``lightning-dfl fit <request>`` prints (it imports torch and Lightning: seconds); a request that is
+    no help (an unknown class) raises the command's error."""
     import io
 
     from lightning_dfl.fit_cli import FederatedCLI
@@ -564,24 +627,33 @@ def _render_fit_help() -> str:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-        with contextlib.suppress(SystemExit):
-            FederatedCLI(args=["fit", "--help"], parser_kwargs={"exit_on_error": False, "prog": PROG})
+        try:
+            FederatedCLI(args=["fit", request], parser_kwargs={"exit_on_error": False, "prog": PROG})
+        except SystemExit as stop:
+            if stop.code not in (0, None):
+                raise
     return buffer.getvalue()
 
 
-def fit_help() -> str:
-    """The text of ``lightning-dfl fit --help``: written once (it imports torch and Lightning, seconds), then
-    read from the cache until a source file, a library or the terminal's width changes."""
+def fit_help(request: str = "--help") -> str:
+    """The text of ``lightning-dfl fit <request>`` (``--help`` or a class's help): the one kept in the package
+    when it was written for these sources; else written once (seconds) into the user's cache and read from there
+    until a source file, a library or the terminal's width changes."""
+    text = kept_help(request)
+    if text is not None:
+        return text
     folder = _help_cache()
-    path = folder / f"fit-{_help_key()}.txt" if folder is not None else None
+    name = "fit" if request == "--help" else "class"
+    path = folder / f"{name}-{_help_key(request)}.txt" if folder is not None else None
     if path is not None and path.is_file():
         return path.read_text()
-    text = _render_fit_help()
+    text = render_fit_help(request)
     if path is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            for old in folder.glob("fit-*.txt"):
-                old.unlink(missing_ok=True)
+            if name == "fit":
+                for old in folder.glob("fit-*.txt"):
+                    old.unlink(missing_ok=True)
             temporary = folder / f".{path.name}.{os.getpid()}.tmp"
             temporary.write_text(text)
             os.replace(temporary, path)
@@ -610,8 +682,9 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 
 def _run(args: list[str]) -> None:
-    if args[0] == "fit" and args[1:] in (["--help"], ["-h"]):
-        sys.stdout.write(fit_help())
+    request = fit_help_request(args)
+    if request is not None:
+        sys.stdout.write(fit_help(request))
         raise SystemExit(0)  # as argparse's help
     if args[0] == "plot":
         _plot(args[1:])

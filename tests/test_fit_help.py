@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 
 import pytest
@@ -90,3 +91,40 @@ def test_the_projects_docstring_reader_is_put_back_after_the_command():
     described = dict(options(_help("fit", "--help")))
     assert described["--model.momentum"].startswith("SGD settings") and described["--model.weight_decay"]
     assert _optionals.parse_docstring is original
+
+
+def test_the_kept_help_texts_are_those_of_the_sources():
+    """``lightning_dfl/help_texts.json`` holds what ``fit``'s help requests print for these sources (refresh
+    with ``python -m lightning_dfl.help_texts`` after changing a source file)."""
+    from lightning_dfl import cli, help_texts
+
+    kept = json.loads(cli.KEPT_HELP.read_text())
+    assert kept["key"] == cli.help_source_key(), "the sources changed: run python -m lightning_dfl.help_texts"
+    rendered = help_texts.render_all()
+    assert sorted(kept["texts"]) == sorted(rendered)
+    for request, text in rendered.items():
+        assert kept["texts"][request] == text, request
+
+
+def test_kept_texts_of_other_sources_or_for_a_narrow_terminal_are_not_shown(monkeypatch):
+    from lightning_dfl import cli
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.kept_help("--help") is not None and cli.kept_help("--trainer.algorithm.help=Nope") is None
+    monkeypatch.setenv("COLUMNS", "79")
+    assert cli.kept_help("--help") is None
+    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.setattr(cli, "help_source_key", lambda: "other sources")
+    assert cli.kept_help("--help") is None
+
+
+@pytest.mark.parametrize("args, request_", [
+    (["fit", "--help"], "--help"), (["fit", "-h"], "--help"), (["fit", "--trainer.clock.help=Clock"],
+                                                                "--trainer.clock.help=Clock"),
+    (["fit", "--trainer.algorithm.help", "PSFL"], "--trainer.algorithm.help=PSFL"),
+    (["fit", "--config", "a.yaml", "--help"], None), (["fit", "--trainer.algorithm.help"], None),
+    (["cost", "--help"], None)])
+def test_the_help_requests_kept(args, request_):
+    from lightning_dfl.cli import fit_help_request
+
+    assert fit_help_request(args) == request_

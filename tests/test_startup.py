@@ -84,13 +84,28 @@ def test_help_requests_are_recognized(args, expected):
     assert is_help_request(args) is expected
 
 
-def test_fit_help_is_kept_and_then_shown_without_torch(tmp_path, monkeypatch):
-    """The first ``fit --help`` imports torch and Lightning (seconds); the next ones read the kept text."""
+@pytest.mark.parametrize("args", [["fit", "--help"], ["fit", "--trainer.algorithm.help=DADPFL"],
+                                  ["fit", "--trainer.clock.help", "Clock"], ["fit", "--trainer.callbacks.help=RigL"]])
+def test_a_first_fit_help_is_shown_without_torch_from_the_kept_texts(tmp_path, monkeypatch, args):
+    """A fresh clone's first ``fit --help`` (or a class's help), with an empty cache, is the text kept in the
+    package for these sources: no torch, no Lightning, nothing written to the cache."""
     monkeypatch.setenv("LIGHTNING_DFL_CACHE", str(tmp_path))
-    first, first_run = _probe(["fit", "--help"])
-    second, second_run = _probe(["fit", "--help"])
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result, done = _probe(args)
+    assert result["code"] == 0 and result["heavy"] == [], result
+    assert "usage: lightning-dfl" in done.stdout and not (tmp_path / "help").exists()
+
+
+@pytest.mark.parametrize("args, name", [(["fit", "--help"], "fit"), (["fit", "--trainer.clock.help=Clock"], "class")])
+def test_fit_help_is_kept_and_then_shown_without_torch(tmp_path, monkeypatch, args, name):
+    """In a terminal narrower than the kept texts (or for other sources), the first help imports torch and
+    Lightning (seconds); the next ones read the text kept in the user's cache."""
+    monkeypatch.setenv("LIGHTNING_DFL_CACHE", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "79")
+    first, first_run = _probe(args)
+    second, second_run = _probe(args)
     assert first["code"] == second["code"] == 0
     assert "torch" in first["heavy"] and second["heavy"] == []
     help_text = first_run.stdout.rsplit("\n{", 1)[0]  # the probe's own last line apart
-    assert second_run.stdout.rsplit("\n{", 1)[0] == help_text and "--trainer.rounds" in help_text
-    assert [p.name for p in (tmp_path / "help").iterdir()] == [next((tmp_path / "help").glob("fit-*.txt")).name]
+    assert second_run.stdout.rsplit("\n{", 1)[0] == help_text and "usage: lightning-dfl" in help_text
+    assert [p.name for p in (tmp_path / "help").iterdir()] == [next((tmp_path / "help").glob(f"{name}-*.txt")).name]
