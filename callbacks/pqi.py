@@ -81,8 +81,9 @@ class PQIPruning(FederatedCallback):
     task is its store field ``pqi/sparsity`` (float64, NaN: none yet; :meth:`client_state_fields`).
 
     Plain ``Trainer``: prunes at ``on_train_epoch_end`` of the scheduled epochs and logs
-    ``pqi/pruned_weights`` and ``sparsity/mean`` with ``pl_module.log``. A module without its own
-    mask gets one from the callback at ``setup("fit")`` over its Conv/Linear weights, active
+    ``pqi/pruned_weights`` and ``sparsity/mean`` with ``pl_module.log``. The module's own mask is the one
+    pruned (:class:`~lightning_dfl.module.SparseClassifier`'s); a module without one gets one from
+    the callback at ``on_fit_start`` (once the module built its layers) over its Conv/Linear weights, active
     where the weight is nonzero (dense for a fresh model); its hooks keep pruned weights at zero
     (as :class:`~lightning_dfl.callbacks.rigl.RigL` does; the two do not share such a mask).
 
@@ -214,10 +215,14 @@ class PQIPruning(FederatedCallback):
             return
         if SPARSITY not in self._records.plain:
             self._records.plain = OneRecord(_FIELDS)
-        self._masks.setup(pl_module, lambda: {name: p.detach() != 0
-                                              for name, p in maskable_parameters(pl_module).items()})
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Build the callback's own mask for a module without one, once the module built its layers (in its
+        ``setup``) and a checkpoint was restored."""
+        if is_federated(trainer):
+            return
+        self._masks.setup(pl_module, lambda: {name: p.detach() != 0
+                                              for name, p in maskable_parameters(pl_module).items()})
         self._masks.follow_device(pl_module)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:

@@ -37,11 +37,17 @@ class RigL(FederatedCallback):
 
         trainer = Trainer(callbacks=[RigL(density=0.3, update_every=100)])
 
-    The mask is the module's own when ``pl_module.mask`` is a
-    :class:`~lightning_dfl.sparse.masks.ModelMask` (lightning-dfl's models). Otherwise the
-    callback builds one at ``setup("fit")`` over the module's Conv/Linear weights with the given
-    ``density`` and ``distribution``, attaches its gradient hooks and re-masks the weights after
-    every optimizer step, so that momentum and weight decay cannot revive a dropped weight.
+    The mask is set up at ``on_fit_start``, once the module has built its layers (a
+    :class:`~lightning_dfl.module.SparseClassifier` builds them in its ``setup`` from the
+    datamodule's sizes) and a checkpoint was restored, as Lightning's ``ModelPruning`` acts on
+    the module's layers. It is the module's own when ``pl_module.mask`` is a
+    :class:`~lightning_dfl.sparse.masks.ModelMask` (lightning-dfl's models): a dense module's
+    mask (density 1) is drawn afresh at ``density`` and ``distribution``; a sparse one is kept
+    when ``density`` is None or equal to its density, and refused with both densities named
+    otherwise. A module without a mask gets one from the callback over its Conv/Linear weights
+    at ``density`` (0.5 when None); the callback attaches its gradient hooks and re-masks the
+    weights after every optimizer step, so that momentum and weight decay cannot revive a
+    dropped weight.
 
     Plain ``Trainer``: every ``update_every`` optimizer steps (or epochs) the mask is updated
     with ``t`` = steps (epochs) done and ``T`` = ``trainer.estimated_stepping_batches``
@@ -68,8 +74,10 @@ class RigL(FederatedCallback):
         update_every: update period in ``update_interval`` units (plain ``Trainer`` only).
         update_interval: ``"step"`` (optimizer steps) or ``"epoch"``.
         stop_fraction: no update once ``t >= stop_fraction * T`` (RigL's ``T_end``), in ``(0, 1]``.
-        density: share of active weights of a mask the callback builds, in ``(0, 1]``.
-        distribution: layer densities of such a mask: one of ``"erk"``, ``"uniform"``.
+        density: share of active weights the model trains at, in ``(0, 1]``; None: the module's
+            own mask as it is (0.5 for a module without one). In a federation the clients' masks
+            are drawn at the model's density: a different one here is refused.
+        distribution: layer densities of a mask the callback draws: one of ``"erk"``, ``"uniform"``.
         seed: seed of the initial mask and of random regrowth; random regrowth uses a generator
             seeded from ``(seed, t)``, or ``(seed, round, client_id)`` in the federation, so the
             result does not depend on execution order.
@@ -91,7 +99,7 @@ class RigL(FederatedCallback):
         update_every: int = 100,
         update_interval: str = "step",
         stop_fraction: float = 1.0,
-        density: float = 0.5,
+        density: float | None = None,
         distribution: str = "erk",
         seed: int = 0,
         verbose: int = 0,
@@ -112,8 +120,8 @@ class RigL(FederatedCallback):
                 f"`update_interval` must be one of {UPDATE_INTERVALS}, got {update_interval!r}")
         if not is_number(stop_fraction) or not 0.0 < stop_fraction <= 1.0:
             raise MisconfigurationException(f"`stop_fraction` must be a float in (0, 1], got {stop_fraction!r}")
-        if not is_number(density) or not 0.0 < density <= 1.0:
-            raise MisconfigurationException(f"`density` must be a float in (0, 1], got {density!r}")
+        if density is not None and (not is_number(density) or not 0.0 < density <= 1.0):
+            raise MisconfigurationException(f"`density` must be a float in (0, 1] or None, got {density!r}")
         if distribution not in DISTRIBUTIONS:
             raise MisconfigurationException(f"`distribution` must be one of {DISTRIBUTIONS}, got {distribution!r}")
         if not is_int(seed):
@@ -127,7 +135,7 @@ class RigL(FederatedCallback):
         self.update_every = update_every
         self.update_interval = update_interval
         self.stop_fraction = float(stop_fraction)
-        self.density = float(density)
+        self.density = None if density is None else float(density)
         self.distribution = distribution
         self.seed = seed
         self.verbose = verbose
@@ -145,17 +153,58 @@ class RigL(FederatedCallback):
         return self._masks.owns_mask
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or module_mask(pl_module) is not None:
+        if stage != "fit":
             return
-        if not getattr(pl_module, "automatic_optimization", True) and not self._has_loss_method(pl_module):
+        if is_federated(trainer):
+            mask = module_mask(pl_module)
+            if mask is not None and self.density is not None and not self._same_density(mask):
+                raise MisconfigurationException(
+                    f"RigL(density={self.density:g}) in a federation: the clients' masks are drawn at the model's "
+                    f"density {self._density_of(pl_module, mask)}; leave RigL's density unset and set model.density")
+            return
+        if (module_mask(pl_module) is None and not getattr(pl_module, "automatic_optimization", True)
+                and not self._has_loss_method(pl_module)):
             raise MisconfigurationException(
                 "RigL needs a loss without side effects: with manual optimization `training_step` "
                 "steps the optimizer, so define `loss(batch) -> Tensor` on the module")
-        self._masks.setup(pl_module, lambda: initial_masks(
-            pl_module, self.density, self.distribution, generator=torch.Generator().manual_seed(self.seed)))
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._masks.follow_device(pl_module)  # the strategy moves the module after `setup`
+        """Set up the mask once the module built its layers (in its ``setup``) and a checkpoint was restored."""
+        if is_federated(trainer):
+            return
+        mask = module_mask(pl_module)
+        if mask is not None:
+            self._set_module_density(pl_module, mask)
+            return
+        density = 0.5 if self.density is None else self.density
+        self._masks.setup(pl_module, lambda: initial_masks(
+            pl_module, density, self.distribution, generator=torch.Generator().manual_seed(self.seed)))
+        self._masks.follow_device(pl_module)  # the strategy moved the module after `setup`
+
+    def _same_density(self, mask: ModelMask) -> bool:
+        """Whether ``mask`` is at :attr:`density`, up to the per-layer rounding of a drawn mask."""
+        return abs(mask.density() - self.density) <= len(mask.masks) / max(mask.num_masked(), 1)
+
+    @staticmethod
+    def _density_of(pl_module: Any, mask: ModelMask) -> str:
+        """The mask's density, and the module's ``density`` argument when it has one."""
+        given = (getattr(pl_module, "hparams", None) or {}).get("density")
+        hint = f" ({type(pl_module).__name__}(density={given:g}))" if is_number(given) else ""
+        return f"{mask.density():.4g}{hint}"
+
+    def _set_module_density(self, pl_module: Any, mask: ModelMask) -> None:
+        """Draw a dense module's mask at :attr:`density`; keep one at it; refuse a sparse one at another."""
+        if self.density is None or self._same_density(mask):
+            return
+        if mask.num_active() != mask.num_masked():
+            raise MisconfigurationException(
+                f"RigL(density={self.density:g}) conflicts with the module's own mask at density "
+                f"{self._density_of(pl_module, mask)}: give the density once, in RigL or in the module "
+                "(a dense module, density 1, trains at RigL's)")
+        generator = torch.Generator().manual_seed(self.seed)
+        mask.load_(initial_masks(mask.params, self.density, self.distribution, generator=generator), apply=True)
+        if self.verbose >= 1:
+            rank_zero_info(f"RigL: the module's dense mask drawn at density {mask.density():.4f} ({self.distribution})")
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":

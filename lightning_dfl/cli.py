@@ -11,6 +11,7 @@ a round whatever its type, is a bug: its traceback, exit code 1 and a last line 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import os
@@ -18,7 +19,7 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -534,20 +535,54 @@ def _help_cache() -> Path | None:
     return Path(root or "~/.cache/lightning-dfl").expanduser() / "help"
 
 
-def _help_key() -> str:
-    """What ``fit --help`` depends on: the project's sources (their sizes and times), the versions of Python,
-    lightning-dfl and the libraries that write the help, and the terminal's width."""
-    import hashlib
-    import shutil
+#: the libraries whose versions change what ``fit``'s help texts say
+_HELP_LIBRARIES = ("lightning", "jsonargparse", "docstring-parser", "torch", "omegaconf")
+#: ``fit``'s help texts kept in the package (``python -m lightning_dfl.help_texts`` writes them), at this width
+KEPT_HELP = Path(__file__).with_name("help_texts.json")
+KEPT_HELP_WIDTH = 80
+
+
+def _library_versions() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 
-    digest = hashlib.sha256(f"{sys.version}|{version()}|{shutil.get_terminal_size().columns}".encode())
-    for dist in ("lightning", "jsonargparse", "docstring-parser", "torch", "omegaconf"):
+    found = []
+    for dist in _HELP_LIBRARIES:
         try:
-            digest.update(f"|{dist}={dist_version(dist)}".encode())
+            found.append(f"{dist}={dist_version(dist)}")
         except PackageNotFoundError:
-            digest.update(f"|{dist}=-".encode())
+            found.append(f"{dist}=-")
+    return "|".join(found)
+
+
+def help_environment() -> str:
+    """What ``fit``'s help texts depend on besides the sources: the Python version (argparse's layout) and the
+    versions of the libraries that write the help."""
+    return f"python {sys.version_info[0]}.{sys.version_info[1]}|{_library_versions()}"
+
+
+def help_source_key() -> str:
+    """The project's sources, by content (equal in every clone of one commit): what ``fit``'s help texts are
+    made of, with :func:`help_environment`."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for folder in dict.fromkeys(_own_folders()):
+        root = Path(folder)
+        for path in sorted(root.rglob("*.py")):
+            digest.update(f"|{root.name}/{path.relative_to(root).as_posix()}|".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _help_key(request: str) -> str:
+    """The user cache's key of a help text: the project's sources (their sizes and times), the versions of
+    Python, lightning-dfl and the libraries that write the help, the terminal's width and the request."""
+    import hashlib
+    import shutil
+
+    digest = hashlib.sha256(f"{sys.version}|{version()}|{shutil.get_terminal_size().columns}|{request}|"
+                            f"{_library_versions()}".encode())
     for folder in dict.fromkeys(_own_folders()):
         for path in sorted(Path(folder).rglob("*.py")):
             stat = path.stat()
@@ -555,8 +590,43 @@ def _help_key() -> str:
     return digest.hexdigest()[:32]
 
 
-def _render_fit_help() -> str:
-    import contextlib
+def fit_help_request(args: Sequence[str]) -> str | None:
+    """``fit --help`` or one class's help alone (``fit --trainer.algorithm.help=DADPFL``): the request as the
+    help texts are kept (``"--help"``, ``"--trainer.algorithm.help=DADPFL"``); None for any other command."""
+    if len(args) < 2 or args[0] != "fit":
+        return None
+    rest = list(args[1:])
+    if rest in (["--help"], ["-h"]):
+        return "--help"
+    if len(rest) == 1 and _CLASS_HELP.fullmatch(rest[0]) and "=" in rest[0]:
+        return rest[0]
+    if len(rest) == 2 and _CLASS_HELP.fullmatch(rest[0]) and "=" not in rest[0] and not rest[1].startswith("-"):
+        return f"{rest[0]}={rest[1]}"
+    return None
+
+
+def kept_help(request: str) -> str | None:
+    """The help text kept in the package for ``request``, when it was written for these sources, this Python and
+    these libraries' versions, and the terminal is at least :data:`KEPT_HELP_WIDTH` columns wide; else None."""
+    import json
+    import shutil
+
+    if shutil.get_terminal_size().columns < KEPT_HELP_WIDTH:
+        return None
+    try:
+        kept = json.loads(KEPT_HELP.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("key") != help_source_key() or kept.get("environment") != \
+            help_environment():
+        return None
+    text = (kept.get("texts") or {}).get(request)
+    return text if isinstance(text, str) else None
+
+
+def render_fit_help(request: str) -> str:
+    """What ``lightning-dfl fit <request>`` prints (it imports torch and Lightning: seconds); a request that is
+    no help (an unknown class) raises the command's error."""
     import io
 
     from lightning_dfl.fit_cli import FederatedCLI
@@ -564,24 +634,33 @@ def _render_fit_help() -> str:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-        with contextlib.suppress(SystemExit):
-            FederatedCLI(args=["fit", "--help"], parser_kwargs={"exit_on_error": False, "prog": PROG})
+        try:
+            FederatedCLI(args=["fit", request], parser_kwargs={"exit_on_error": False, "prog": PROG})
+        except SystemExit as stop:
+            if stop.code not in (0, None):
+                raise
     return buffer.getvalue()
 
 
-def fit_help() -> str:
-    """The text of ``lightning-dfl fit --help``: written once (it imports torch and Lightning, seconds), then
-    read from the cache until a source file, a library or the terminal's width changes."""
+def fit_help(request: str = "--help") -> str:
+    """The text of ``lightning-dfl fit <request>`` (``--help`` or a class's help): the one kept in the package
+    when it was written for these sources; else written once (seconds) into the user's cache and read from there
+    until a source file, a library or the terminal's width changes."""
+    text = kept_help(request)
+    if text is not None:
+        return text
     folder = _help_cache()
-    path = folder / f"fit-{_help_key()}.txt" if folder is not None else None
+    name = "fit" if request == "--help" else "class"
+    path = folder / f"{name}-{_help_key(request)}.txt" if folder is not None else None
     if path is not None and path.is_file():
         return path.read_text()
-    text = _render_fit_help()
+    text = render_fit_help(request)
     if path is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            for old in folder.glob("fit-*.txt"):
-                old.unlink(missing_ok=True)
+            if name == "fit":
+                for old in folder.glob("fit-*.txt"):
+                    old.unlink(missing_ok=True)
             temporary = folder / f".{path.name}.{os.getpid()}.tmp"
             temporary.write_text(text)
             os.replace(temporary, path)
@@ -610,8 +689,9 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 
 def _run(args: list[str]) -> None:
-    if args[0] == "fit" and args[1:] in (["--help"], ["-h"]):
-        sys.stdout.write(fit_help())
+    request = fit_help_request(args)
+    if request is not None:
+        sys.stdout.write(fit_help(request))
         raise SystemExit(0)  # as argparse's help
     if args[0] == "plot":
         _plot(args[1:])
@@ -630,27 +710,65 @@ def _run(args: list[str]) -> None:
         FederatedCLI(args=args, parser_kwargs={"exit_on_error": False, "prog": PROG})
 
 
-def _stdout_closed() -> NoReturn:
-    """The reader of stdout went away (``lightning-dfl --help | head -1``): stop quietly, as Python's
-    documentation advises for SIGPIPE (the rest of the output goes to devnull, exit code 1)."""
+#: a class's help in ``fit``: ``--trainer.algorithm.help=DADPFL`` or ``--trainer.algorithm.help DADPFL``
+_CLASS_HELP = re.compile(r"--[\w.]+\.help(=.*)?")
+
+
+def is_help_request(args: Sequence[str]) -> bool:
+    """Whether the command line only asks for a text: the usage, ``--version``, a ``--help`` or a class's help."""
+    return (not args or args[0] in ("--version", "-V")
+            or any(a in ("-h", "--help") or _CLASS_HELP.fullmatch(a) for a in args))
+
+
+def _stdout_closed(code: int) -> NoReturn:
+    """The reader of stdout went away (``lightning-dfl --help | head -1``): stop quietly with ``code``, the rest
+    of the output going to devnull."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):  # stdout without a file descriptor (replaced by a test's capture)
         pass
-    raise SystemExit(1)
+    raise SystemExit(code)
+
+
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """A warning as one line on stderr, ``lightning-dfl: warning: <message>`` (the category's name in place of
+    ``warning`` when it is not a plain UserWarning), without the source path and line Python prints."""
+    kind = "warning" if category is UserWarning else category.__name__
+    try:
+        (sys.stderr if file is None else file).write(f"{PROG}: {kind}: {' '.join(str(message).split())}\n")
+    except (OSError, ValueError):  # stderr closed: the warning is lost, as Python's own would be
+        pass
+
+
+@contextlib.contextmanager
+def _one_line_warnings(enabled: bool) -> Iterator[None]:
+    """Within this block warnings are shown by :func:`show_warning` (with ``--debug``: Python's own format)."""
+    if not enabled:
+        yield
+        return
+    previous, warnings.showwarning = warnings.showwarning, show_warning
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``lightning-dfl`` console script: one line for bad input (exit code 2) and for a
-    diverged run (3); a bug's traceback with where to report it (1); quiet when stdout's reader closed it."""
+    diverged run (3); a bug's traceback with where to report it (1). When stdout's reader closes it early it
+    stops quietly: exit code 0 for a help or version text (the reader took what it wanted, whether or not the
+    text was all written before it left), 1 for any other command (its output was cut short)."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            _main(argv)
+            with _one_line_warnings(enabled=not _debug(args)[1]):
+                _main(args)
         finally:
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except BrokenPipeError:
-        _stdout_closed()
+        _stdout_closed(0 if is_help_request(_debug(args)[0]) else 1)
 
 
 def _main(argv: Sequence[str] | None) -> None:

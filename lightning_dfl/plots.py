@@ -562,7 +562,8 @@ def _draw_accuracy(ax: Any, accuracy: Sequence[float] | None) -> None:
         ax.set_axis_off()
         return
     values = 100 * np.asarray(accuracy)
-    ax.hist(values, bins=min(20, max(5, len(values) // 2)), color="C0", alpha=0.8)
+    # edged bars: adjacent bars of equal height stay apart (one wide bar would read as fewer clients)
+    ax.hist(values, bins=min(20, max(5, len(values) // 2)), color="C0", alpha=0.8, edgecolor="black", linewidth=0.8)
     ax.axvline(values.mean(), color="k", lw=1.5, label=f"mean {values.mean():.1f}")
     ax.axvline(np.percentile(values, 10), color="C3", ls="--", lw=1.5, label=f"p10 {np.percentile(values, 10):.1f}")
     ax.set(xlabel="final accuracy on own test set (%)", ylabel="clients", title="Per-client accuracy")

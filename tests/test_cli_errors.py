@@ -8,11 +8,13 @@ import io
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
+from lightning_dfl import cli
 from lightning_dfl.cli import main
 from lightning_dfl.federation.trainer import FederatedTrainer
 
@@ -483,6 +485,16 @@ def test_every_client_diverging_is_one_line_naming_round_clients_and_cause(tmp_p
     assert err.startswith("lightning-dfl: error: the run diverged: round 1 of")
     assert "every client that trained (20: [0, 1, 2" in err
     assert "learning rate is probably too high" in err
+    assert "No checkpoint was written (checkpoint_every=0)" in err and "finite weights only" not in err
+
+
+def test_a_diverged_run_names_the_checkpoint_it_leaves_or_says_there_is_none(tmp_path):
+    from lightning_dfl.federation.checkpoint import checkpoint_left
+
+    assert checkpoint_left(None, 0) == "No checkpoint was written (checkpoint_every=0)"
+    assert checkpoint_left(None, 5) == "No checkpoint was written yet (checkpoint_every=5: the first after round 5)"
+    assert checkpoint_left((tmp_path / "checkpoints" / "last.ckpt", 5), 5) == (
+        f"The last checkpoint, {tmp_path / 'checkpoints' / 'last.ckpt'} (after round 5), holds finite weights only")
 
 
 # -- the run folder cannot be written, a run's file cannot be read ---------------------------------------------
@@ -555,3 +567,17 @@ def test_a_refusal_is_printed_by_rank_0_only(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         main(_fit(tmp_path, "--data.num_clients=0"))
     assert info.value.code == 2 and "num_clients" in capsys.readouterr().err
+
+
+def test_a_warning_is_one_line_without_a_source_path(tmp_path, capsys, monkeypatch):
+    """A run's warnings (here: every client misses the deadline) are printed as ``lightning-dfl: warning: ...``,
+    one line each, not as ``.../report.py:124: UserWarning: ...`` with the source line under it."""
+    monkeypatch.undo()  # it trains a round
+    main(_fit(tmp_path, "--trainer.deadline=0.5"))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [
+        "lightning-dfl: warning: round 1: 20 client(s) missed the deadline; no client was evaluated: the round has "
+        "no acc/personal_mean (said once per run)",
+        "lightning-dfl: warning: the run has no accuracy (final_accuracy is null in summary.json): no client met "
+        "the deadline (0.5) in an evaluated round"], err
+    assert warnings.showwarning is not cli.show_warning  # Python's own is back after the command

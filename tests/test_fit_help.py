@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 
 import pytest
@@ -53,6 +54,15 @@ def test_every_option_is_described(args):
     assert [option for option, description in described if not description] == []
 
 
+@pytest.mark.parametrize("args", HELPS, ids=[a[-1].rpartition("=")[2] for a in HELPS])
+def test_no_sentence_lost_a_reference(args):
+    """A docstring's Sphinx reference (``:mod:`x```) is dropped from the help: no sentence may end in one
+    ("the hooks of .") or hold an empty pair of parentheses."""
+    text = " ".join(_help(*args).split())
+    broken = re.search(r".{0,40}(\w \.(\s|$)|(?<!default: )\(\s*\)|\bof [,;.)])", text)
+    assert broken is None, broken[0]
+
+
 def test_fit_help_names_nothing_internal():
     text = _help("fit", "--help")
     for name in INTERNAL:
@@ -81,3 +91,48 @@ def test_the_projects_docstring_reader_is_put_back_after_the_command():
     described = dict(options(_help("fit", "--help")))
     assert described["--model.momentum"].startswith("SGD settings") and described["--model.weight_decay"]
     assert _optionals.parse_docstring is original
+
+
+def test_the_kept_help_texts_are_those_of_the_sources():
+    """``lightning_dfl/help_texts.json`` holds what ``fit``'s help requests print for these sources (refresh
+    with ``python -m lightning_dfl.help_texts`` after changing a source file)."""
+    from lightning_dfl import cli, help_texts
+
+    kept = json.loads(cli.KEPT_HELP.read_text())
+    assert kept["key"] == cli.help_source_key(), "the sources changed: run python -m lightning_dfl.help_texts"
+    if kept["environment"] != cli.help_environment():  # another Python or library version renders other texts
+        pytest.skip(f"the kept texts were written with {kept['environment']}, this is {cli.help_environment()}")
+    rendered = help_texts.render_all()
+    assert sorted(kept["texts"]) == sorted(rendered)
+    for request, text in rendered.items():
+        assert kept["texts"][request] == text, request
+
+
+def test_kept_texts_of_other_sources_or_for_a_narrow_terminal_are_not_shown(monkeypatch):
+    from lightning_dfl import cli
+
+    kept = json.loads(cli.KEPT_HELP.read_text())
+    monkeypatch.setattr(cli, "help_environment", lambda: kept["environment"])  # as where they were written
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.kept_help("--help") is not None and cli.kept_help("--trainer.algorithm.help=Nope") is None
+    monkeypatch.setenv("COLUMNS", "79")
+    assert cli.kept_help("--help") is None
+    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.setattr(cli, "help_source_key", lambda: "other sources")
+    assert cli.kept_help("--help") is None
+    monkeypatch.setattr(cli, "help_source_key", lambda: kept["key"])
+    assert cli.kept_help("--help") is not None
+    monkeypatch.setattr(cli, "help_environment", lambda: "python 3.0|torch=0")  # other versions
+    assert cli.kept_help("--help") is None
+
+
+@pytest.mark.parametrize("args, request_", [
+    (["fit", "--help"], "--help"), (["fit", "-h"], "--help"), (["fit", "--trainer.clock.help=Clock"],
+                                                                "--trainer.clock.help=Clock"),
+    (["fit", "--trainer.algorithm.help", "PSFL"], "--trainer.algorithm.help=PSFL"),
+    (["fit", "--config", "a.yaml", "--help"], None), (["fit", "--trainer.algorithm.help"], None),
+    (["cost", "--help"], None)])
+def test_the_help_requests_kept(args, request_):
+    from lightning_dfl.cli import fit_help_request
+
+    assert fit_help_request(args) == request_

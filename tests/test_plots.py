@@ -224,6 +224,18 @@ def test_the_accuracy_histogram_counts_whole_clients():
     assert all(float(t).is_integer() for t in _visible(ax.get_yticks(), ax.get_ylim()))
 
 
+def test_the_accuracy_histograms_bars_have_edges():
+    """Adjacent bars of equal height stay apart: each bar is drawn with a black edge of positive width."""
+    fig = plots.agg_figure(5.0, 4.0)
+    ax = fig.subplots()
+    plots._draw_accuracy(ax, [0.40, 0.41, 0.45, 0.46, 0.50, 0.51, 0.55, 0.56, 0.9, 0.9])
+    fig.canvas.draw()
+    bars = [p for p in ax.patches if p.get_height() > 0]
+    assert [p.get_height() for p in bars] == [4, 4, 2]  # two adjacent bars of equal height
+    assert bars[0].get_x() + bars[0].get_width() == pytest.approx(bars[1].get_x())
+    assert all(p.get_linewidth() == 0.8 and tuple(p.get_edgecolor()[:3]) == (0.0, 0.0, 0.0) for p in bars)
+
+
 def test_gaps_within_1e_12_of_zero_are_shown_as_zero():
     """A gap of -8.9e-16 is drawn as 0; larger values and NaN are drawn as they are."""
     assert plots.display_value(-8.9e-16) == 0.0 and plots.display_value(1e-12) == 0.0

@@ -1,5 +1,6 @@
 """Every ``lightning-dfl`` command in the README's and docs' ``bash`` blocks parses, and every file it names
-exists in the repository or is written by an earlier command of the same page."""
+exists in the repository or is written by an earlier command of the same page; the README's Python examples
+of a section run as printed."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PROG = "lightning-dfl"
 _BLOCK = re.compile(r"^([ \t]*)```bash[^\n]*\n(.*?)^\1```", re.M | re.S)
 _SEPARATORS = {"&&", "||", ";", "|", "&"}
+_PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 
 
 def commands(markdown: str) -> list[list[str]]:
@@ -38,6 +40,22 @@ def commands(markdown: str) -> list[list[str]]:
                     found.append(line[1:])
                 line = []
     return found
+
+
+def python_blocks(markdown: str, heading: str) -> list[str]:
+    """The ``python`` blocks of the section under ``heading`` (a whole heading line, e.g. ``"### Pieces"``), up to
+    the next heading of its level or above."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = markdown.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.rstrip("\n") == heading)
+    end = next((i for i in range(start + 1, len(lines))
+                if re.match(rf"#{{1,{level}}} ", lines[i]) and not _in_fence(lines[:i])), len(lines))
+    return _PYTHON_BLOCK.findall("".join(lines[start:end]))
+
+
+def _in_fence(lines: list[str]) -> bool:
+    """Whether the line after ``lines`` is inside a fenced code block (a ``#`` there is a comment)."""
+    return sum(line.lstrip().startswith("```") for line in lines) % 2 == 1
 
 
 def _option(args: list[str], name: str) -> str | None:
@@ -110,6 +128,11 @@ def check_page(markdown: str) -> list[str]:
             runs_per_parent[parent] = version + 1
             run = str(Path(parent) / f"version_{version}")
             produced.add(run)
+            checkpoint = _option(rest, "--ckpt_path")
+            if checkpoint is not None and len(Path(checkpoint).parents) > 3 and \
+                    str(Path(checkpoint).parents[2]) != str(Path(parent)):
+                problems.append(f"{line}: resumes {checkpoint} but writes its run to {run}, not beside it; keep "
+                                "the first run's --trainer.default_root_dir")
             if trainer["checkpoint_every"]:
                 produced.add(str(Path(run) / "checkpoints" / "last.ckpt"))
         elif name in ("plot", *cli.SUBCOMMANDS):
@@ -177,6 +200,10 @@ def test_page_commands_parse_and_name_existing_files(page, in_scratch):
      "lightning-dfl export runs/a/dadpfl/version_0/checkpoints/last.ckpt", "checkpoint"),
     ("lightning-dfl fit --config configs/dadpfl_digits.yaml --trainer.default_root_dir=runs/a\n"
      "lightning-dfl cost --runs '[runs/a/dadpfl/version_1]'", "run folder"),
+    ("lightning-dfl fit --config configs/dadpfl_digits.yaml --trainer.checkpoint_every=10 "
+     "--trainer.default_root_dir=runs/a\n"
+     "lightning-dfl fit --config configs/dadpfl_digits.yaml --ckpt_path runs/a/dadpfl/version_0/checkpoints/last.ckpt",
+     "not beside it"),
     ("lightning-dfl cost --runz '[runs/a]'", "runz"),
     ("lightning-dfl schedule --neighbours '[5]'", "neighbours"),
     ("lightning-dfl plot diagnostic runs/a/dadpfl/version_0", "diagnostic"),
@@ -199,3 +226,24 @@ def test_an_earlier_fit_provides_run_folders_and_checkpoints(in_scratch):
             "lightning-dfl cost --runs '[runs/a/dadpfl/version_0,runs/a/dadpfl/version_1]'\n"
             "```\n")
     assert check_page(page) == []
+
+
+def test_python_blocks_are_those_of_the_section():
+    """A section's blocks end at the next heading of its level, not at a ``#`` comment inside a block."""
+    text = ("## A\n```python\na = 1\n# not a heading\n```\n### A.1\n```python\nb = 2\n```\n"
+            "## B\n```python\nc = 3\n```\n")
+    assert python_blocks(text, "## A") == ["a = 1\n# not a heading\n", "b = 2\n"]
+    assert python_blocks(text, "### A.1") == ["b = 2\n"]
+
+
+def test_the_callbacks_in_a_plain_trainer_examples_run_as_printed(in_scratch, capsys):
+    """Each example of "Callbacks in your own `Trainer`" runs alone, as printed, and prints what it says."""
+    blocks = python_blocks((REPO / "README.md").read_text(), "### Callbacks in your own `Trainer`")
+    assert len(blocks) == 2
+    printed = []
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})  # a fresh namespace each
+        printed.append(capsys.readouterr().out.strip().splitlines()[-1])
+    stated = [line.removeprefix("# ") for line in blocks[0].splitlines() if line.startswith("# density")]
+    assert printed[0] == stated[0] == "density 0.30, 4 mask updates"
+    assert re.fullmatch(r"t\* = \d+, pruned at epochs \[\d+(, \d+)*\], density 0\.\d\d", printed[1]), printed[1]

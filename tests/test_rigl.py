@@ -424,7 +424,8 @@ def test_epoch_interval_checkpoint_and_random_regrowth(digits_loader):
     other = DigitsMLP()
     restored = RigL(density=0.5, distribution="uniform", seed=99)
     restored.load_state_dict(state)
-    restored.setup(None, other, "fit")
+    restored.setup(SimpleNamespace(), other, "fit")
+    restored.on_fit_start(SimpleNamespace(), other)  # the mask is set up once the module is built
     assert restored.state_dict()["num_updates"] == 2
     for name, param in other.named_parameters():
         if name in state["masks"]:
@@ -544,3 +545,13 @@ def test_verbose_logs_one_line_per_update_and_per_layer(caplog):
     assert len(lines) == 1 + len(net.mask)
     assert lines[0].startswith("RigL round 0 client 3: density 0.40")
     assert "fc1.weight" in lines[1] and "fc2.weight" in lines[2]
+
+
+def test_a_density_other_than_the_models_is_refused_in_a_federation():
+    """In a federation the clients' masks are drawn at the model's density: RigL(density=...) must not differ."""
+    net = MaskedNet()  # uniform masks at 0.4
+    with pytest.raises(MisconfigurationException, match=r"^RigL\(density=0.3\) in a federation: the clients' masks "
+                                                          r"are drawn at the model's density 0\.40\d*; leave RigL's"):
+        RigL(density=0.3).setup(_fed_trainer(current_round=0), net, "fit")
+    RigL(density=0.4).setup(_fed_trainer(current_round=0), net, "fit")
+    RigL().setup(_fed_trainer(current_round=0), net, "fit")

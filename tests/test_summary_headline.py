@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from lightning_dfl.cli import main
 from lightning_dfl.federation.algorithms import ALGORITHMS
-from lightning_dfl.federation.report import HEADLINES
+from lightning_dfl.federation.report import HEADLINES, RunSummary, print_summary, progress_status
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -40,10 +42,39 @@ def test_the_summary_labels_its_headline_by_what_it_is(tmp_path, capsys, monkeyp
     summary = json.loads((run / "summary.json").read_text())
     assert summary["headline_metric"] == metric and words in summary["headline"]
     assert summary["final_accuracy"] == pytest.approx(_last_value(run / "metrics.csv", metric))
-    assert f"{summary['headline']} (final)" in " ".join(out.split())
+    assert f"accuracy: {summary['headline']}" in " ".join(out.split())
     assert (metric == "acc/personal_mean") == ("personalized" in out)
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithm_has_a_described_headline(name):
     assert ALGORITHMS.get(name).headline in HEADLINES
+
+
+@pytest.mark.parametrize("headline", [HEADLINES[name][1] for name in sorted(HEADLINES)])
+def test_no_summary_row_wraps_in_80_columns(headline):
+    """Each row of the summary table is one line in an 80-column terminal, with a long run folder too; the
+    accuracy's description is the caption under the table."""
+    summary = RunSummary(algorithm="psfl", rounds=100, final_accuracy=0.9123, best_accuracy=0.9234, final_density=0.25,
+                         flops_per_client_round=1.2e9, flops_total=4.5e12, busiest_mb_per_round=1.234,
+                         busiest_mask_mb_per_round=0.1, mean_delay=1.5, wall_time_s=12.3,
+                         log_dir="runs/resume_demo/psfl_sfl/version_10", label="PSFL (W = 4, S = 5, time)",
+                         headline_metric="acc/global", headline=headline)
+    console = Console(width=80, record=True, file=io.StringIO())
+    print_summary(summary, console)
+    text = console.export_text()
+    rows = [line for line in text.splitlines() if line.startswith("│")]
+    labels = [line.split("│")[1].strip() for line in rows]
+    assert labels == ["accuracy, final round", "accuracy, best round", "density (mean over all clients)",
+                      "training FLOPs per client per round", "training FLOPs, whole run",
+                      "busiest node per round (values)", "busiest node per round (masks)", "mean delay (task units)",
+                      "metrics"]
+    assert "accuracy: " + headline in " ".join(text.split())
+
+
+@pytest.mark.parametrize("metrics, shown", [
+    ({"train/loss": 0.00036}, "loss 0.00036"), ({"train/loss": 2.30259}, "loss 2.3"),
+    ({"acc/headline": 0.9123, "density/mean": 0.25, "train/loss": 0.0123456}, "acc 91.2%  density 0.250  loss 0.0123"),
+])
+def test_the_progress_bar_shows_the_loss_to_three_significant_digits(metrics, shown):
+    assert progress_status(metrics) == shown

@@ -521,6 +521,7 @@ def test_plain_trainer_votes_then_prunes_sparser_never_past_target(digits_loader
     restored.load_state_dict(pqi.state_dict())
     other = DigitsMLP()
     restored.setup(SimpleNamespace(callbacks=[restored]), other, "fit")
+    restored.on_fit_start(SimpleNamespace(), other)  # the mask is set up once the module is built
     assert [e.round_idx for e in restored.history] == epochs
     for name, param in other.named_parameters():
         if name in masks:

@@ -160,6 +160,16 @@ def check_finite(state: dict[str, Any], store: Any, path: str | os.PathLike) -> 
     walk(state.get("callbacks"), "the callbacks' state", True)
 
 
+def checkpoint_left(last: tuple[Path, int] | None, checkpoint_every: int) -> str:
+    """What a run that stops now leaves to resume from: ``last`` (its last checkpoint and the rounds it holds,
+    written by this run or resumed from; finite weights only), or why there is none."""
+    if last is not None:
+        return f"The last checkpoint, {last[0]} (after round {last[1]}), holds finite weights only"
+    if not checkpoint_every:
+        return "No checkpoint was written (checkpoint_every=0)"
+    return f"No checkpoint was written yet (checkpoint_every={checkpoint_every}: the first after round {checkpoint_every})"
+
+
 def check_resume_request(ckpt_path: Any, resume_allow: Iterable[str]) -> None:
     """Refuse, before any set-up, a ``ckpt_path`` that is no path or no readable checkpoint file, and
     ``resume_allow`` without a checkpoint."""

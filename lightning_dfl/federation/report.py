@@ -312,10 +312,11 @@ class RunSummary:
 def print_summary(summary: RunSummary, console: Console | None = None) -> None:
     """Print the summary as a table."""
     console = console or Console()
+    # what the accuracy is goes in the caption (wrapped as text): the rows' labels stay short enough not to wrap
     table = Table(title=f"{summary.label or summary.algorithm}: {summary.rounds} rounds in {summary.wall_time_s:.1f} s",
-                  show_header=False)
-    table.add_row(f"{summary.headline} (final)", f"{100 * summary.final_accuracy:.2f} %")
-    table.add_row(f"{summary.headline} (best round)", f"{100 * summary.best_accuracy:.2f} %")
+                  caption=f"accuracy: {summary.headline}", show_header=False)
+    table.add_row("accuracy, final round", f"{100 * summary.final_accuracy:.2f} %")
+    table.add_row("accuracy, best round", f"{100 * summary.best_accuracy:.2f} %")
     table.add_row("density (mean over all clients)", f"{summary.final_density:.4f}")
     table.add_row("training FLOPs per client per round", f"{summary.flops_per_client_round:.3e}")
     table.add_row("training FLOPs, whole run", f"{summary.flops_total:.3e}")
@@ -326,6 +327,19 @@ def print_summary(summary: RunSummary, console: Console | None = None) -> None:
     if summary.log_dir:
         table.add_row("metrics", str(summary.log_dir))
     console.print(table)
+
+
+def progress_status(metrics: dict[str, float]) -> str:
+    """The progress bar's text after a round: accuracy, density and the training loss to 3 significant digits
+    (``loss 0.00036``, not ``loss 0.000``)."""
+    parts = []
+    if "acc/headline" in metrics:
+        parts.append(f"acc {100 * metrics['acc/headline']:.1f}%")
+    if "density/mean" in metrics:
+        parts.append(f"density {metrics['density/mean']:.3f}")
+    if "train/loss" in metrics:
+        parts.append(f"loss {metrics['train/loss']:.3g}")
+    return "  ".join(parts)
 
 
 @contextmanager
@@ -342,13 +356,6 @@ def progress_bar(total: int, enabled: bool = True, completed: int = 0) -> Iterat
         task = progress.add_task("rounds", total=total, completed=completed, status="")
 
         def advance(metrics: dict[str, float]) -> None:
-            parts = []
-            if "acc/headline" in metrics:
-                parts.append(f"acc {100 * metrics['acc/headline']:.1f}%")
-            if "density/mean" in metrics:
-                parts.append(f"density {metrics['density/mean']:.3f}")
-            if "train/loss" in metrics:
-                parts.append(f"loss {metrics['train/loss']:.3f}")
-            progress.update(task, advance=1, status="  ".join(parts))
+            progress.update(task, advance=1, status=progress_status(metrics))
 
         yield advance

@@ -33,18 +33,15 @@ class RoundOutcome:
     active: int
     stragglers: int
 
-    def check_finite(self, rounds: int, checkpoint: str | None) -> None:
-        """``RunDiverged`` when every client that trained ended non-finite (``checkpoint``: the last one written,
-        or ``None``)."""
+    def check_finite(self, rounds: int, checkpoint_left: str) -> None:
+        """``RunDiverged`` when every client that trained ended non-finite; ``checkpoint_left`` says what the run
+        leaves to resume from."""
         failed = sorted(r.client for r in self.accounting.records if r.nonfinite)
-        if not failed or len(failed) != len(self.accounting.records):
-            return
-        kept = (f"the last checkpoint ({checkpoint}) holds finite weights only" if checkpoint is not None else
-                "no checkpoint was written (checkpoint_every saves one)")
-        raise RunDiverged(
-            f"round {self.round_idx + 1} of {rounds}: every client that trained ({len(failed)}: {failed}) ended with "
-            "non-finite (or above 1e30) weights or loss; the learning rate is probably too high for this model and "
-            f"data (or the data hold NaN/inf values); {kept}")
+        if failed and len(failed) == len(self.accounting.records):
+            raise RunDiverged(
+                f"round {self.round_idx + 1} of {rounds}: every client that trained ({len(failed)}: {failed}) ended "
+                "with non-finite (or above 1e30) weights or loss; the learning rate is probably too high for this "
+                f"model and data (or the data hold NaN/inf values). {checkpoint_left}")
 
     def metrics(self, num_clients: int, clock: Clock) -> dict[str, float]:
         """The round's accounting, participation and simulated time (the clock advanced by the round)."""

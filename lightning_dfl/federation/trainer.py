@@ -1,10 +1,9 @@
 """``FederatedTrainer``: a federated run's settings, its set-up and the round loop, on one worker under Fabric.
 
-The loop is explicit, in the spirit of Fabric's build-your-own-trainer example: :func:`build_federation` sets
-the run up once; per round the planner and the executor run the round's exchanges
-(:func:`~lightning_dfl.federation.round_outcome.run_exchanges`), the clock times them, and the round's metrics go
-to the Lightning loggers (:mod:`~lightning_dfl.federation.report`). Callbacks receive named hooks on the way.
-Nothing below this module imports it.
+The loop is explicit, as in Fabric's build-your-own-trainer example: :func:`build_federation` sets the run up once;
+per round :func:`~lightning_dfl.federation.round_outcome.run_exchanges` plans, runs and times the exchanges, and
+the metrics go to the Lightning loggers (:mod:`~lightning_dfl.federation.report`). Callbacks receive named hooks
+on the way. Nothing below this module imports it.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from lightning_dfl.errors import mark_in_round, writing
 from lightning_dfl.federation import report
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
 from lightning_dfl.federation.build import build_federation
-from lightning_dfl.federation.checkpoint import check_resume_request, load_checkpoint, save_checkpoint
+from lightning_dfl.federation.checkpoint import check_resume_request, checkpoint_left, load_checkpoint, save_checkpoint
 from lightning_dfl.federation.clock import Clock, build_clock
 from lightning_dfl.federation.diagnostics import RunDiagnostics
 from lightning_dfl.federation.executor import SerialExecutor
@@ -53,8 +52,8 @@ class FederatedTrainer(TrainerView):
         precision: Lightning's precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"64-true"``, ...).
         strategy: ``"auto"``, or ``"ddp"`` with several processes (tasks sharded, no gradient all-reduce).
         num_nodes: machines; ``devices x num_nodes`` processes in all, whose results are those of one process.
-        callbacks: Lightning callbacks; they receive the training hooks and the federated (round and client)
-            hooks of :mod:`lightning_dfl.callbacks.base`.
+        callbacks: Lightning callbacks; they receive the training hooks and, where they define them, the
+            federated hooks of each round and client (on_federated_round_start, on_client_end, ...).
         logger: a Lightning logger, ``True``/``None`` for a CSV logger, ``"tensorboard"`` for a
             TensorBoard logger, ``False`` for none.
         default_root_dir: where loggers write (``<root>/<algorithm>/version_N``).
@@ -65,7 +64,7 @@ class FederatedTrainer(TrainerView):
             times, fixed or drawn with per-round noise, and transfer times); default unit times.
         store_device: where client states live: ``"auto"`` the worker's GPU when the store fits with a quarter
             of its memory left for training, else the CPU (the choice is logged); ``"cpu"``; ``"worker"`` the
-            worker's device (:func:`~lightning_dfl.federation.store_memory.resolve_store_device`).
+            worker's device, whatever it is.
         store: the client store's backend: ``"dense"`` (two dense slots per node) or ``"compact"``
             (each node's active values plus packed mask bits, bit-identical results; see
             :mod:`~lightning_dfl.federation.compact_state`).
@@ -216,6 +215,7 @@ class FederatedTrainer(TrainerView):
         check_resume_request(ckpt_path, s.resume_allow)  # a missing or damaged file fails before any set-up
         self._setup(model, datamodule)
         first_round = load_checkpoint(self.state, ckpt_path, s.resume_allow) if ckpt_path is not None else 0
+        self._last_checkpoint = (Path(ckpt_path), first_round) if ckpt_path is not None else None
         self._start_run(model, datamodule)
         if first_round:
             self.reporter.replay(self.history, Path(ckpt_path).parent.parent)
@@ -241,6 +241,7 @@ class FederatedTrainer(TrainerView):
                     done = f"stopped after round {round_idx + 1} of {s.rounds}"  # a second signal waits for the file
                     with stop.hold(lambda code, done=done: self._interrupted(code, done)):
                         save_checkpoint(self.state, self.checkpoint_path)
+                    self._last_checkpoint = (self.checkpoint_path, round_idx + 1)
                 advance(metrics)
                 if stop.requested and not last:
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx + 1} of {s.rounds}")
@@ -280,7 +281,7 @@ class FederatedTrainer(TrainerView):
         evaluate = self.settings.evaluates(round_idx)
         outcome = run_exchanges(round_idx, evaluate, self.planner, self.executor, self.store, self.clock, self.diag,
                                 lambda: self._call("on_federated_round_start"))
-        outcome.check_finite(self.settings.rounds, str(self.checkpoint_path) if self.checkpoint_path.is_file() else None)
+        outcome.check_finite(self.settings.rounds, checkpoint_left(self._last_checkpoint, self.settings.checkpoint_every))
         metrics = outcome.metrics(self.num_clients, self.clock)
         self.reporter.warn_partial(round_idx, metrics, self.num_clients, evaluate)
         if evaluate:
