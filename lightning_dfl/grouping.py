@@ -22,8 +22,8 @@ group (:attr:`Grouping.fallback` says so). Labels are renumbered in order of
 first appearance, so equal partitions give equal labels.
 
 Alg. 2 compacts and clusters the masks of all N devices (its line 7 sums over k = 1..N). Under churn
-PRISAM clusters every device that has shared a mask, an absent one with the mask it shared last, and
-gives the round's participants their labels (:meth:`Grouping.restrict`; docs/prisam.md item 20).
+PRISAM clusters every device that has shared a mask, each by its warm-up mask (docs/prisam.md items 20,
+22), and gives the round's participants their labels (:meth:`Grouping.restrict`).
 """
 
 from __future__ import annotations
@@ -132,8 +132,11 @@ def auto_eps(dims: np.ndarray, min_samples: int = 2, rule: str = "lifetime") -> 
     link is far above the groups' own links stays noise (a group of its own). It never exceeds the
     k-distance rule: above it every device is a core point, and raising eps only joins groups; zero
     heights (devices sharing one mask, as a group's members do after aggregating, notes 2) carry no
-    scale and are left out, so identical group masks keep eps below one bit, as before. With fewer than
-    two distinct non-zero heights there is no gap to choose: the k-distance rule."""
+    scale and are left out, so identical group masks keep eps below one bit, as before. Only cuts at which
+    at least half of the devices are core points are candidates (docs/prisam.md item 22): a handful of
+    devices gives few heights, and the widest gap was at times the one above the closest pair, leaving
+    nearly every device noise (alone). With fewer than two distinct non-zero heights, or no candidate,
+    there is no gap to choose: the k-distance rule."""
     if rule not in AUTO_EPS_RULES:
         raise ValueError(f"unknown auto eps rule {rule!r}; allowed: {', '.join(AUTO_EPS_RULES)}")
     dims = np.asarray(dims, dtype=bool)
@@ -144,8 +147,12 @@ def auto_eps(dims: np.ndarray, min_samples: int = 2, rule: str = "lifetime") -> 
     value = core.max()
     distinct = np.unique(heights[heights > 0])
     if rule == "lifetime" and len(distinct) >= 2:
-        widest = int(np.argmax(np.diff(distinct)))  # the first of equally wide gaps: the smaller eps
-        value = min(distinct[widest], value)
+        gaps = np.diff(distinct)
+        # a cut at which fewer than half of the devices are core points groups almost nobody: not a candidate
+        gaps[[2 * int((core <= h).sum()) < count for h in distinct[:-1]]] = -1.0
+        if gaps.max() >= 0:
+            widest = int(np.argmax(gaps))  # the first of equally wide gaps: the smaller eps
+            value = min(distinct[widest], value)
     return float(min((value + 0.5) / bits, 1.0))
 
 

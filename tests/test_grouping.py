@@ -183,3 +183,33 @@ def test_auto_eps_leaves_identical_group_masks_apart():
     masks = np.repeat(np.array([[1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 0, 1], [1, 0, 0, 1, 1, 1]], dtype=bool), 3, axis=0)
     dims, _ = compact(masks)
     assert auto_eps(dims, 2) == auto_eps(dims, 2, rule="kdist") == 0.5 / dims.shape[1]
+
+
+def _three_groups_with_one_close_pair():
+    """Three planted groups of three devices: each device sets 4 private bits (8 bits between two members
+    of a group), group B also sets bits 0-3 and C bits 4-7 (12 bits between groups); devices 0 and 1
+    share 3 of their private bits (2 bits apart)."""
+    rows = np.zeros((9, 8 + 4 * 9), dtype=bool)
+    for i in range(9):
+        group = i // 3
+        rows[i, 4 * group - 4:4 * group] = group > 0
+        rows[i, 8 + 4 * i:12 + 4 * i] = True
+    rows[1, 12:16] = False
+    rows[1, [8, 9, 10, 12]] = True
+    return rows, np.repeat(np.arange(3), 3)
+
+
+def test_auto_eps_cuts_only_where_half_the_devices_are_core_points():
+    """Few devices give few merge heights (2, 8 and 12 bits here): the widest gap (2 to 8) lies above the
+    one close pair, and a cut there leaves 7 of the 9 devices noise, each alone (seen under churn on the
+    digits config: rounds with most devices alone; docs/prisam.md item 22). Only cuts at which at least
+    half of the devices are core points are candidates: eps in the gap 8 to 12 finds the three groups."""
+    from lightning_dfl.grouping import auto_eps, merge_heights
+
+    masks, truth = _three_groups_with_one_close_pair()
+    dims, _ = compact(masks)
+    core, heights = merge_heights(dims, 2)
+    assert sorted(set(heights.tolist())) == [2.0, 8.0, 12.0] and sorted(core.tolist()) == [2, 2] + [8] * 7
+    assert auto_eps(dims, 2) == 8.5 / dims.shape[1] == auto_eps(dims, 2, rule="kdist")
+    grouping = group_masks(masks, num_groups=3, method="dbscan", eps="auto")
+    assert grouping.labels.tolist() == truth.tolist()

@@ -34,7 +34,7 @@ from lightning_dfl.sparse.channels import (
     state_channel_scores,
 )
 
-__all__ = ["CHANNELS_FIELD", "GROUPINGS", "GROUPING_VIEWS", "PARTICIPANT_DRAWS", "PRISAM", "WARMUP_FIELD",
+__all__ = ["CHANNELS_FIELD", "GROUPINGS", "GROUPING_MASKS", "GROUPING_VIEWS", "PARTICIPANT_DRAWS", "PRISAM", "WARMUP_FIELD",
            "ChannelMessage"]
 
 #: the store field holding each client's published channel mask (one bit per BN channel)
@@ -50,6 +50,10 @@ REGROUPS = ("every_round", "frozen")
 #: whose masks Alg. 2 clusters: every device that has shared one ("all": line 7 sums over the N
 #: devices; an absent device with the mask it shared last) or the round's participants only
 GROUPING_VIEWS = ("all", "participants")
+#: which mask of a device Alg. 2 clusters: the one it shared last (Alg. 1 line 5, M_i^(t)) or the one its
+#: warm-up's prune gave it (Sec. V-A: devices "clustered based on the BN masks generated during the local
+#: training"), which no aggregation changes (docs/prisam.md item 22)
+GROUPING_MASKS = ("current", "warmup")
 
 
 @dataclass
@@ -122,6 +126,16 @@ class PRISAM(GossipAlgorithm):
             unlike its group's, and a merge lasts (notes 2). ``"participants"``: the round's grouped
             participants only (the earlier reading of notes 1). Without churn both are the same
             devices. Logged: ``prisam/view`` (masks clustered), ``prisam/grouped`` (participants).
+        grouping_masks: which mask of each device Alg. 2 clusters (docs/prisam.md item 22).
+            ``"warmup"`` (default): the mask it shared when first grouped, i.e. its warm-up prune's mask
+            (Sec. V-A: devices are "clustered based on the BN masks generated during the local
+            training"), kept by the collector and checkpointed; no aggregation changes it, so a wrong
+            grouping is undone once the devices seen allow it, and a joining device is compared with
+            masks of its kind. The clustering is seeded with the round in which the set of devices
+            last grew (with ``grouping_view="all"``), so the same masks give the same groups.
+            ``"current"``: Alg. 1's M_i^(t), the masks shared this round (absent devices: last shared).
+            After a device's first aggregation that is its group's mask (notes 2), so a merge made
+            under churn lasted. Without churn both give the same groups every round.
         num_neighbors, topology: the random peers of ``grouping="random"``.
         participants_per_round: devices taking part in round 0 (``None``: all); a seeded sample.
         participants_draw: how those are drawn: ``"uniform"`` over all devices, or ``"per_group"``:
@@ -140,7 +154,8 @@ class PRISAM(GossipAlgorithm):
                  grouping_ratio: float | str | None = None, l1: float = 0.0, dbscan_eps: float | str = "auto",
                  dbscan_min_samples: int = 2, num_neighbors: int = 10, topology: str = "time_varying",
                  participants_per_round: int | None = None, churn: float = 0.0,
-                 participants_draw: str = "uniform", grouping_view: str = "all") -> None:
+                 participants_draw: str = "uniform", grouping_view: str = "all",
+                 grouping_masks: str = "warmup") -> None:
         super().__init__(num_neighbors, topology)
         ratios = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio]
         if not ratios:
@@ -183,6 +198,9 @@ class PRISAM(GossipAlgorithm):
         if grouping_view not in GROUPING_VIEWS:
             raise ValueError(f"unknown grouping_view {grouping_view!r}; allowed: {', '.join(GROUPING_VIEWS)}")
         self.grouping_view = grouping_view
+        if grouping_masks not in GROUPING_MASKS:
+            raise ValueError(f"unknown grouping_masks {grouping_masks!r}; allowed: {', '.join(GROUPING_MASKS)}")
+        self.grouping_masks = grouping_masks
         self._groups: tuple = ()
         self._bits = 0
         self._true_groups: np.ndarray | None = None
@@ -192,6 +210,10 @@ class PRISAM(GossipAlgorithm):
         # memory as of the rounds before the current one, and this round's, committed when the next is planned
         self._shared: dict[int, tuple[Tensor, Tensor | None]] = {}
         self._shared_pending: tuple[int, dict[int, tuple[Tensor, Tensor | None]]] | None = None
+        # grouping_masks="warmup": the mask each device shared in its first grouping round (its warm-up
+        # mask), and the round in which the set of those devices last grew (it seeds the clustering)
+        self._warmup: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self._warmup_round = -1
         self._kept_cache: dict[bytes, tuple[int, int, int]] = {}
         self._info: dict[str, float] = {}
         self._published: dict[int, tuple[int, int]] = {}
@@ -306,13 +328,20 @@ class PRISAM(GossipAlgorithm):
         active = [k for k in active if k not in ready]  # the grouped devices: every one has pruned
         shared = {k: (self._grouping_vector(ctx, k), None if self._grouping_ratio is None
                       else ctx.store.read(k, CHANNELS_FIELD).cpu().clone()) for k in active}
+        if self.grouping_masks == "warmup":  # a device first grouped now shares its warm-up mask (item 22)
+            new = {k: shared[k] for k in active if k not in self._warmup}
+            if new:
+                self._warmup.update(new)
+                self._warmup_round = ctx.round_idx
+            remembered = self._warmup
         view = self.view(ctx, active)
-        remembered = {**self._shared, **shared}
+        if self.grouping_masks == "current":
+            remembered = {**self._shared, **shared}
         vectors = torch.stack([remembered[k][0] for k in view]).numpy()
         rows = np.searchsorted(view, active)  # the participants' rows in the view (both sorted)
         clustered = self._group(ctx, view, vectors)
         grouping = clustered.restrict(rows)
-        if self.grouping_view == "all":
+        if self.grouping_view == "all" and self.grouping_masks == "current":
             self._shared_pending = (ctx.round_idx, shared)  # a plan made again for this round replaces it
         tasks = list(local)
         for members in grouping.members():
@@ -335,7 +364,7 @@ class PRISAM(GossipAlgorithm):
             self._info["prisam/ari"] = float(adjusted_rand_score(truth, grouping.labels))
             if self._grouping_ratio is not None:  # notes 5: the ARI both ways
                 own = torch.stack([remembered[k][1] for k in view]).numpy()
-                seed = derive_seed(ctx.seed, "prisam/grouping", ctx.round_idx) % (2 ** 32)
+                seed = derive_seed(ctx.seed, "prisam/grouping", self._seed_round(ctx)) % (2 ** 32)
                 labels = group_masks(own, self.num_groups, self.grouping, seed, eps=self.dbscan_eps,
                                      min_samples=self.dbscan_min_samples).restrict(rows).labels
                 self._info["prisam/ari_own_masks"] = float(adjusted_rand_score(truth, labels))
@@ -352,11 +381,13 @@ class PRISAM(GossipAlgorithm):
         aggregate nor count in the ARI (notes 18)."""
         if self.grouping_view == "participants":
             return list(grouped)
+        taking_part = set(ctx.active_clients)
+        if self.grouping_masks == "warmup":
+            return sorted([*grouped, *(k for k in self._warmup if k not in taking_part)])
         pending = self._shared_pending
         if pending is not None and pending[0] < ctx.round_idx:  # the last round's masks join the memory
             self._shared.update(pending[1])
             self._shared_pending = None
-        taking_part = set(ctx.active_clients)
         return sorted([*grouped, *(k for k in self._shared if k not in taking_part)])
 
     def _grouping_vector(self, ctx: RoundContext, client: int) -> Tensor:
@@ -372,7 +403,7 @@ class PRISAM(GossipAlgorithm):
         """Alg. 2 over the masks ``vectors`` of ``nodes`` (the round's :meth:`view`): compaction and
         clustering, seeded per round; with ``regroup="frozen"`` the first grouping's labels, a device
         not in it joining the group of the nearest mask."""
-        seed = derive_seed(ctx.seed, "prisam/grouping", ctx.round_idx) % (2 ** 32)
+        seed = derive_seed(ctx.seed, "prisam/grouping", self._seed_round(ctx)) % (2 ** 32)
         if self.regroup == "frozen" and self._frozen is not None:
             known = {int(n): int(lab) for n, lab in zip(self._frozen["nodes"], self._frozen["labels"])}
             new = [i for i, k in enumerate(nodes) if k not in known]
@@ -389,6 +420,14 @@ class PRISAM(GossipAlgorithm):
             self._frozen = {"nodes": torch.tensor(nodes), "labels": torch.from_numpy(grouping.labels.copy()),
                             "vectors": torch.from_numpy(vectors.copy())}
         return grouping
+
+    def _seed_round(self, ctx: RoundContext) -> int:
+        """The round whose seed the clustering takes: this one, or with ``grouping_masks="warmup"`` and
+        ``grouping_view="all"`` the round in which the clustered set last grew, so the same warm-up masks
+        give the same groups in every round until a new device is grouped (item 22)."""
+        if self.grouping_masks == "warmup" and self.grouping_view == "all" and self._warmup_round >= 0:
+            return self._warmup_round
+        return ctx.round_idx
 
     def _grouping_traffic(self, active: list[int]) -> tuple[tuple[int, int, int], ...]:
         """Alg. 2 run by one elected device (the lowest id): every other participant uploads its
@@ -580,12 +619,15 @@ class PRISAM(GossipAlgorithm):
     def state_dict(self) -> dict[str, Any]:
         pending = self._shared_pending
         return {"frozen": None if self._frozen is None else dict(self._frozen), "shared": self._pack(self._shared),
-                "shared_pending": None if pending is None else {"round": pending[0], **(self._pack(pending[1]) or {})}}
+                "shared_pending": None if pending is None else {"round": pending[0], **(self._pack(pending[1]) or {})},
+                "warmup": self._pack(self._warmup), "warmup_round": self._warmup_round}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         frozen = state.get("frozen")
         self._frozen = None if frozen is None else dict(frozen)
         self._shared = self._unpack(state.get("shared"))
+        self._warmup = self._unpack(state.get("warmup"))
+        self._warmup_round = int(state.get("warmup_round", -1))
         pending = state.get("shared_pending")
         self._shared_pending = (None if pending is None
                                 else (int(pending["round"]), self._unpack({k: v for k, v in pending.items()
