@@ -87,10 +87,6 @@ class RigL(FederatedCallback):
         MisconfigurationException: if an argument is out of range or of the wrong type.
     """
 
-    #: in a federation, ``on_client_end`` only proposes the client's next mask and counts the update (its shard
-    #: delta: an int): a task found not finite after it ran discards the proposal and the count is taken back
-    discardable_client_end = True
-
     def __init__(
         self,
         drop_fraction: float | Callable[[int, int], float] = 0.5,

@@ -50,7 +50,7 @@ class SerialExecutor:
     """Runs every task of a plan in dependency order on the federation's one worker (``state``: the
     :class:`~lightning_dfl.federation.federation_state.FederationState` the trainer built)."""
 
-    #: on an accelerator, a task may publish without reading its finite check (:meth:`_finish_selecting`)
+    #: on an accelerator, a task may publish without reading its finite check (:meth:`_may_select`)
     selects_without_reading = True
 
     def __init__(self, state: FederationState) -> None:
@@ -144,56 +144,111 @@ class SerialExecutor:
 
     def finish_task(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting,
                     evaluate: bool) -> None:
-        """Everything after local training (``record.loss`` set, the worker trained): fault
-        containment, the callbacks' pruning and mask search, the "trained" evaluation, publishing."""
-        t, algorithm, store, module, node = self.state, self.state.algorithm, self.state.store, \
-            self.state.module, ctx.node
+        """Everything after local training (``record.loss`` set, the worker trained): the finite check, the
+        callbacks' pruning, the algorithm's published fields, then :meth:`_publish` of the trained outcome where
+        the check holds, else of the fallback (:meth:`_publish`). The check is read (an ``if``), except on an
+        accelerator when nothing but selectable effects depends on it (:meth:`_may_select`): then it stays a
+        device flag and the outcome is chosen by ``torch.where``."""
         batches = ctx.train_batches
         record.train_samples = batches.samples
         record.flops = record.train_samples * record.flops
         loss = record.loss if record.train_samples > 0 else None  # a task without samples has a NaN loss
         self._stage_optimizer_state(ctx)
-        finite = self._finite_flag(loss, ctx.staged)
-        if isinstance(finite, Tensor) and self._may_select(ctx, finite.device):
-            self._finish_selecting(ctx, record, accounting, evaluate, finite)
-            return
-        if not bool(finite):  # one read of the device: weights, loss and staged fields together
-            self._contain(ctx, record, accounting, evaluate)
-            return
+        ok = self._finite_flag(loss, ctx.staged)
+        if not (isinstance(ok, Tensor) and self._may_select(ctx, ok.device)):
+            ok = bool(ok) and self._after_training(ctx)  # one read: weights, loss and staged fields together
+        fields = self.state.algorithm.publish_fields(ctx) if ok is True else None
+        if fields and not self._fields_within_bound(fields):  # e.g. a delta beyond its float16 field's range
+            ok, fields = False, None
+        self._publish(ctx, record, accounting, evaluate, ok, fields)
+
+    def _after_training(self, ctx: TaskContext) -> bool:
+        """The callbacks' ``on_client_train_end`` (pruning, votes) on a finite task; ``False``, with what they
+        counted taken back, when what they changed or recorded is not finite."""
+        t = self.state
         recorders = [(c, c.shard_snapshot()) for c in t.callbacks if defined_hooks(c, ("on_client_train_end",))
                      and hasattr(c, "shard_snapshot") and hasattr(c, "shard_rollback")]
         checked = {name: id(value) for name, value in ctx.staged.items()}
-        t.call("on_client_train_end", node)
+        t.call("on_client_train_end", ctx.node)
         recorded = {name: value for name, value in ctx.staged.items() if checked.get(name) != id(value)}
         # a callback's change of the model (e.g. pruning) or its records staged with the task (e.g. a vote) must be
         # finite too: else the task is contained and what the callbacks counted of it is taken back
         if (self._changes_after_training() or recorded) and not self._finite(staged=recorded):
             for callback, mark in recorders:
                 callback.shard_rollback(mark)
-            self._contain(ctx, record, accounting, evaluate)
-            return
-        fields = algorithm.publish_fields(ctx)
-        if fields and not self._fields_within_bound(fields):  # e.g. a delta beyond its float16 field's range
-            self._contain(ctx, record, accounting, evaluate)
-            return
-        if evaluate:  # the model the node publishes (after pruning, if a callback pruned)
-            record.acc_trained = algorithm.evaluate(ctx, "trained")
-        for name, value in ctx.staged.items():  # the task's private writes, committed with its model
-            store.write(node, name, value)
-        ctx.staged.clear()
-        store.publish(node, t.worker, module.mask.masks, fields)
-        search_from = batches.samples
-        t.call("on_client_end", node)
-        for name, value in ctx.staged.items():  # what a callback recorded after publishing (committed as before)
-            store.write(node, name, value)
-        ctx.staged.clear()
-        store.set_mask(node, module.mask.masks)
-        record.search_samples = batches.samples - search_from
-        # the regrowth score is a dense gradient: its batches cost dense FLOPs
-        record.flops += record.search_samples * 3 * module.flops_profile.dense_forward_flops()
-        record.extra = dict(ctx.report)
+            return False
+        return True
+
+    @torch.no_grad()
+    def _publish(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting, evaluate: bool,
+                 ok: bool | Tensor, fields: dict[str, Any] | None) -> None:
+        """A task's one ending. Its outcome where ``ok``: the trained model and mask with ``fields`` and the task's
+        staged writes, then the mask search (``on_client_end``) for the mask it trains with next. Its fallback
+        otherwise (a non-finite, or too large: :data:`PUBLISH_BOUND`, update is discarded): its start-of-round
+        model and mask, the next mask it had, no writes, no search; the record says so, and no neighbour ever
+        receives a non-finite value. ``ok`` read (a ``bool``): chosen by ``if``; a device flag: by ``torch.where``
+        (the same bits either way), the search runs and the round takes back what it counted when the flag turns
+        out false (:meth:`settle`)."""
+        t, store, module, node = self.state, self.state.store, self.state.module, ctx.node
+        published_mask = module.mask.masks
+        if ok is not True:  # the fallback, or a choice between it and the outcome
+            own, own_mask = store.published(node)
+            kept_mask = store.mask(node)  # every choice with it is made before set_mask writes over it
+            if ok is False:
+                ctx.staged.clear()  # the task's field writes go with its update
+                self.load(own)
+                module.mask.load_(kept_mask, apply=False)
+                published_mask = own_mask
+            else:
+                for name, value in self._select(ok, t.worker, own).items():
+                    t.worker[name].copy_(value)
+                module.mask.load_(self._select(ok, module.mask.masks, kept_mask), apply=False)
+                published_mask = self._select(ok, module.mask.masks, own_mask)
+        if evaluate:  # the model the node publishes (pruned, if a callback pruned; or restored)
+            record.acc_trained = t.algorithm.evaluate(ctx, "trained")
+        self._commit(ctx)
+        store.publish(node, own if ok is False else t.worker, published_mask, fields)
+        if ok is False:
+            record.nonfinite = True
+        else:
+            self._search(ctx, record, ok, None if ok is True else kept_mask)
         accounting.records.append(record)
         t.train_dataloader = None
+
+    def _search(self, ctx: TaskContext, record: ClientRecord, ok: bool | Tensor, kept_mask: Any) -> None:
+        """The callbacks' mask search (``on_client_end``) for the mask the node trains with next, its batches'
+        dense FLOPs, and the task's report. Under a device flag ``ok`` the next mask is chosen (``kept_mask``
+        where false), the counts are the flag's, and what the callbacks counted (their shard protocol: a general
+        task effect) is kept to be taken back at the round's end should the flag be false."""
+        t, module, batches = self.state, self.state.module, ctx.train_batches
+        search_from = batches.samples
+        marks = [] if ok is True else [(c, c.shard_snapshot()) for c in t.callbacks
+                                       if defined_hooks(c, ("on_client_end",))]
+        t.call("on_client_end", ctx.node)
+        if ctx.staged and ok is not True and not bool(ok):  # a record made with the search goes with the update
+            ctx.staged.clear()
+        self._commit(ctx)  # what a callback recorded after publishing (committed as before)
+        drawn = batches.samples - search_from
+        dense = 3 * module.flops_profile.dense_forward_flops()  # the regrowth score is a dense gradient
+        if isinstance(ok, Tensor):
+            t.store.set_mask(ctx.node, self._select(ok, module.mask.masks, kept_mask))
+            record.search_samples = ok.long() * drawn
+            record.flops = record.flops + ok.to(accumulator_dtype(ok.device)) * float(drawn * dense)
+            record.nonfinite = ~ok
+            gained = [(c, c.shard_delta(mark)) for c, mark in marks]  # what this task's searches counted
+            if gained:
+                self._unsettled.append((record, gained))
+        else:
+            t.store.set_mask(ctx.node, module.mask.masks)
+            record.search_samples = drawn
+            record.flops += drawn * dense
+        record.extra = dict(ctx.report)
+
+    def _commit(self, ctx: TaskContext) -> None:
+        """The task's staged field writes, committed to the store (with its update)."""
+        for name, value in ctx.staged.items():
+            self.state.store.write(ctx.node, name, value)
+        ctx.staged.clear()
 
     # -- faults ----------------------------------------------------------------------------
     def _finite(self, loss: Tensor | float | None = None, staged: dict[str, Any] | None = None) -> bool:
@@ -246,11 +301,12 @@ class SerialExecutor:
         return any(defined_hooks(c, ("on_client_train_end",)) for c in self.state.callbacks)
 
     def _may_select(self, ctx: TaskContext, device: torch.device) -> bool:
-        """Whether this task can publish without reading its finite check (:meth:`_finish_selecting`): on an
-        accelerator, when nothing but the model, its mask and the next mask depends on the check (no staged
+        """Whether this task can publish without reading its finite check (:meth:`_publish` by ``torch.where``):
+        on an accelerator, when nothing but the model, its mask and the next mask depends on the check (no staged
         field writes or kept optimizer state, no published fields, no per-client report, no callback that
-        changes the trained model, and mask searches that may be discarded: RigL's), with the store on the
-        worker's device (a store in host memory would upload the start-of-round model to select from)."""
+        changes the trained model, and mask searches whose counts can be taken back: callbacks that speak the
+        sharding protocol, ``shard_snapshot``/``shard_delta``/``shard_apply``), with the store on the worker's
+        device (a store in host memory would upload the start-of-round model to select from)."""
         from lightning_dfl.federation.algorithms.base import Algorithm
 
         t = self.state
@@ -261,50 +317,13 @@ class SerialExecutor:
             return False
         if type(t.algorithm).publish_fields is not Algorithm.publish_fields or self._changes_after_training():
             return False
-        return all(getattr(c, "discardable_client_end", False) for c in t.callbacks
-                   if defined_hooks(c, ("on_client_end",)))
+        return all(all(callable(getattr(c, name, None)) for name in ("shard_snapshot", "shard_delta", "shard_apply"))
+                   for c in t.callbacks if defined_hooks(c, ("on_client_end",)))
 
     @torch.no_grad()
     def _select(self, ok: Tensor, new: dict[str, Tensor], old: dict[str, Tensor]) -> dict[str, Tensor]:
         """``new`` where ``ok``, else ``old``, name by name (bit for bit either; nothing read)."""
         return {name: torch.where(ok, value, old[name]) for name, value in new.items()}
-
-    @torch.no_grad()
-    def _finish_selecting(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting,
-                          evaluate: bool, ok: Tensor) -> None:
-        """:meth:`finish_task` and :meth:`_contain` at once, without reading ``ok`` (the finite check): the worker
-        becomes its trained model where ``ok``, else its start-of-round one, as does the mask it publishes, and
-        the mask it trains with next is RigL's where ``ok``, else the one it had; the record's fault flag and
-        search FLOPs stay on the device until the round reads them, and :meth:`settle` then takes back the mask
-        searches' counts of the tasks that turned out contained. The same results as reading first, bit for bit
-        (``torch.where`` selects, it does not compute)."""
-        t, algorithm, store, module, node = self.state, self.state.algorithm, self.state.store, \
-            self.state.module, ctx.node
-        own, own_mask = store.published(node)
-        kept_mask = store.mask(node)  # every selection with it is made before set_mask writes over it
-        for name, value in self._select(ok, t.worker, own).items():
-            t.worker[name].copy_(value)
-        module.mask.load_(self._select(ok, module.mask.masks, kept_mask), apply=False)
-        if evaluate:  # the model the node publishes, trained or restored
-            record.acc_trained = algorithm.evaluate(ctx, "trained")
-        store.publish(node, t.worker, self._select(ok, module.mask.masks, own_mask))
-        batches = ctx.train_batches
-        search_from = batches.samples
-        searchers = [c for c in t.callbacks if defined_hooks(c, ("on_client_end",))]
-        marks = [(c, c.shard_snapshot()) for c in searchers]
-        t.call("on_client_end", node)
-        gained = [(c, c.shard_delta(mark)) for c, mark in marks]  # what this task's searches counted
-        store.set_mask(node, self._select(ok, module.mask.masks, kept_mask))
-        drawn = batches.samples - search_from
-        record.search_samples = ok.long() * drawn
-        dtype = accumulator_dtype(ok.device)
-        record.flops = record.flops + ok.to(dtype) * float(drawn * 3 * module.flops_profile.dense_forward_flops())
-        record.nonfinite = ~ok
-        record.extra = dict(ctx.report)
-        accounting.records.append(record)
-        if gained:
-            self._unsettled.append((record, gained))
-        t.train_dataloader = None
 
     def finish_round(self, accounting: RoundAccounting) -> None:
         """The round's tasks all ran: read their records' values from the device at once, then take back what
@@ -320,22 +339,6 @@ class SerialExecutor:
                 for callback, delta in gained:
                     callback.shard_apply(-delta)
         self._unsettled.clear()
-
-    def _contain(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting, evaluate: bool) -> None:
-        """A non-finite (or too large: :data:`PUBLISH_BOUND`) update is discarded: the node publishes its start-of-round model with its mask,
-        keeps its next mask and its kept optimizer state, and the record says so; no neighbour ever
-        receives a non-finite value."""
-        t, node = self.state, ctx.node
-        ctx.staged.clear()  # the task's field writes go with its update
-        own, own_mask = t.store.published(node)
-        self.load(own)
-        t.module.mask.load_(t.store.mask(node), apply=False)
-        record.nonfinite = True
-        if evaluate:
-            record.acc_trained = t.algorithm.evaluate(ctx, "trained")
-        t.store.publish(node, own, own_mask)
-        accounting.records.append(record)
-        t.train_dataloader = None
 
     # -- optimizer state kept per client -------------------------------------------------
     def _optimizer_entries(self, ctx: TaskContext) -> list[tuple[str, Tensor]]:
