@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -325,3 +325,35 @@ def test_the_readme_algorithm_runs_from_python_and_the_command_line(tmp_path):
     assert shell.returncode == 0, shell.stderr[-3000:]
     history = (tmp_path / "runs" / "chain" / "version_1" / "metrics.csv").read_text().splitlines()
     assert len(history) == 3  # a header and 2 rounds
+
+
+# -- links between the pages ---------------------------------------------------------------------------------------
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    lines = page.read_text().splitlines()
+    return {_anchor(line.lstrip("#")) for i, line in enumerate(lines)
+            if re.match(r"#{1,6} ", line) and not _in_fence(lines[:i])}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_page_links_reach_files_and_headings(page):
+    """Every relative link of the page names a file of the repository, and its ``#anchor`` a heading there
+    (the README's internals moved to docs/: a link left pointing at an old section fails here)."""
+    broken = []
+    for target in _LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(target)
+    assert broken == []
