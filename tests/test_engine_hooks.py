@@ -66,9 +66,9 @@ def test_store_fields_private_per_parameter_and_published():
         ClientStore(template, ["w"], 1, fields=[StateField("a"), StateField("a")])
 
 
-# -- the README's algorithm ----------------------------------------------------------------------
+# -- the algorithm of docs/writing-algorithms.md (Ditto) ------------------------------------------
 def _readme_block(marker: str) -> str:
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "writing-algorithms.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     return next(b for b in blocks if marker in b)
 

@@ -1,13 +1,17 @@
 """Every ``lightning-dfl`` command in the README's and docs' ``bash`` blocks parses, and every file it names
-exists in the repository or is written by an earlier command of the same page; the README's Python examples
-of a section run as printed."""
+exists in the repository or is written by an earlier command of the same page; every ``python`` block of the
+README and docs runs as printed (a block that is deliberately not runnable starts with ``# fragment: why``),
+and the README's own algorithm runs from the command line as its "Running it" says."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +44,17 @@ def commands(markdown: str) -> list[list[str]]:
                     found.append(line[1:])
                 line = []
     return found
+
+
+#: the first line of a ``python`` block that is deliberately not runnable (a fragment), with the reason after it
+FRAGMENT = "# fragment:"
+#: at most this many fragments in all pages: an example a reader can run is the rule
+MAX_FRAGMENTS = 3
+
+
+def all_python_blocks(markdown: str) -> list[tuple[int, str]]:
+    """Every ``python`` block of a page with the line number of its opening fence."""
+    return [(markdown.count("\n", 0, m.start()) + 1, m.group(1)) for m in _PYTHON_BLOCK.finditer(markdown)]
 
 
 def python_blocks(markdown: str, heading: str) -> list[str]:
@@ -247,3 +262,98 @@ def test_the_callbacks_in_a_plain_trainer_examples_run_as_printed(in_scratch, ca
     stated = [line.removeprefix("# ") for line in blocks[0].splitlines() if line.startswith("# density")]
     assert printed[0] == stated[0] == "density 0.30, 4 mask updates"
     assert re.fullmatch(r"t\* = \d+, pruned at epochs \[\d+(, \d+)*\], density 0\.\d\d", printed[1]), printed[1]
+
+
+# -- every Python example of the README and docs runs as printed -------------------------------------------------
+_EXAMPLES = [(page, line, block) for page in PAGES for line, block in all_python_blocks(page.read_text())]
+#: sections whose blocks a dedicated test runs (and checks what they print)
+_RUN_ELSEWHERE = {("README.md", "### Callbacks in your own `Trainer`")}
+
+
+def _run_elsewhere(page: Path, block: str) -> bool:
+    return any(page.name == name and block in python_blocks(page.read_text(), heading)
+               for name, heading in _RUN_ELSEWHERE)
+
+
+def test_python_blocks_are_found_everywhere():
+    """Every Python fence is a plain ```` ```python ```` at the start of a line (an indented or ```` ```py ````
+    block would escape the tests), the README has its examples, and fragments stay few and say why."""
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if re.match(r"\s*```\s*py", line):
+                assert line == "```python", f"{page.name}:{number}: write Python blocks as ```python at column 0"
+    assert len([e for e in _EXAMPLES if e[0].name == "README.md"]) >= 4
+    fragments = [(page.name, line) for page, line, block in _EXAMPLES if block.startswith(FRAGMENT)]
+    assert len(fragments) <= MAX_FRAGMENTS, fragments
+    for page, line, block in _EXAMPLES:
+        if block.startswith(FRAGMENT):
+            assert len(block.splitlines()[0]) > len(FRAGMENT) + 3, f"{page.name}:{line}: say why it is a fragment"
+
+
+@pytest.mark.parametrize("page, line, block", _EXAMPLES, ids=[f"{p.name}:{n}" for p, n, _ in _EXAMPLES])
+def test_python_example_runs_as_printed(page, line, block, tmp_path, monkeypatch, capsys):
+    """Each block runs alone, in a fresh namespace, as a script (``__name__ == "__main__"``), from an empty
+    folder holding a link to ``configs/``."""
+    if block.startswith(FRAGMENT):
+        pytest.skip(block.splitlines()[0])
+    if _run_elsewhere(page, block):
+        pytest.skip("run by a dedicated test of its section")
+    (tmp_path / "configs").symlink_to(REPO / "configs", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, f"{page.name}:{line}", "exec"), {"__name__": "__main__"})
+
+
+def test_the_readme_algorithm_runs_from_python_and_the_command_line(tmp_path):
+    """"Writing an algorithm": the block saved as ``my_algorithms.py`` runs with ``python my_algorithms.py``,
+    and "Running it"'s command line, run by a shell as printed, trains it (its run folder is named by it)."""
+    readme = (REPO / "README.md").read_text()
+    [block] = python_blocks(readme, "## Writing an algorithm")
+    (tmp_path / "my_algorithms.py").write_text(block)
+    (tmp_path / "configs").symlink_to(REPO / "configs", target_is_directory=True)
+    [command] = [line for _, text in _BLOCK.findall(readme) for line in text.splitlines()
+                 if "my_algorithms.Chain" in line]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "LIGHTNING_DFL_CACHE": "off"}
+    env.pop("PYTHONPATH", None)
+    script = subprocess.run([sys.executable, "my_algorithms.py"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert script.returncode == 0, script.stderr[-3000:]
+    assert re.search(r"^2 rounds, final accuracy \d+\.\d\d%, in runs/chain/version_0$", script.stdout, re.M), \
+        script.stdout[-2000:]
+    shell = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert shell.returncode == 0, shell.stderr[-3000:]
+    history = (tmp_path / "runs" / "chain" / "version_1" / "metrics.csv").read_text().splitlines()
+    assert len(history) == 3  # a header and 2 rounds
+
+
+# -- links between the pages ---------------------------------------------------------------------------------------
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    lines = page.read_text().splitlines()
+    return {_anchor(line.lstrip("#")) for i, line in enumerate(lines)
+            if re.match(r"#{1,6} ", line) and not _in_fence(lines[:i])}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_page_links_reach_files_and_headings(page):
+    """Every relative link of the page names a file of the repository, and its ``#anchor`` a heading there
+    (the README's internals moved to docs/: a link left pointing at an old section fails here)."""
+    broken = []
+    for target in _LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(target)
+    assert broken == []
