@@ -61,6 +61,15 @@ def defined_hooks(callback: Any, hooks: tuple[str, ...]) -> list[str]:
     return [h for h in hooks if getattr(type(callback), h, None) not in (None, *(getattr(d, h, None) for d in defaults))]
 
 
+def federated_batch_hooks(callback: Any, hooks: tuple[str, ...]) -> list[str]:
+    """The ``hooks`` (batch hooks) that ``callback`` acts in within a federation: those its class defines
+    (:func:`defined_hooks`), less those it declares idle there (its ``federated_batch_hooks``: the ones it uses
+    in a federation; a callback that declares nothing uses every hook it defines)."""
+    declared = getattr(callback, "federated_batch_hooks", None)
+    defined = defined_hooks(callback, hooks)
+    return defined if declared is None else [h for h in defined if h in declared]
+
+
 #: stock Lightning callbacks that need a ``Trainer``'s loops, and why a federation has no use for them
 UNSUPPORTED_STOCK = {
     "ModelCheckpoint": "a federation writes its own checkpoints: set trainer.checkpoint_every (resume with --ckpt_path)",

@@ -310,6 +310,10 @@ class PQIPruning(FederatedCallback):
         self._records.of(trainer, client)[SPARSITY] = sparsity
         return sparsity
 
+    #: the batch hooks it acts in within a federation: none (its on_train_batch_end re-applies a mask the module
+    #: itself keeps there), so a batched step may train its clients (federated_batch_hooks in callbacks/base.py)
+    federated_batch_hooks: tuple[str, ...] = ()
+
     # -- plain Trainer -------------------------------------------------------------------
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -221,6 +221,10 @@ class RigL(FederatedCallback):
                 "set max_steps or max_epochs")
         self._total = int(total)
 
+    #: the batch hooks it acts in within a federation: none (its on_train_batch_end re-applies a mask the module
+    #: itself keeps there), so a batched step may train its clients (federated_batch_hooks in callbacks/base.py)
+    federated_batch_hooks: tuple[str, ...] = ()
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         self._masks.apply_()  # after the optimizer step; no-op when the module owns its mask

@@ -250,6 +250,30 @@ def test_what_cannot_be_batched_is_refused_before_training(kwargs, match):
         _fit(algorithm, True, rounds=1, **kwargs)
 
 
+class IdleBatchHook(BatchHook):
+    federated_batch_hooks = ()  # its batch hook does nothing in a federation (as RigL's and PQIPruning's)
+
+
+class UsedBatchHook(BatchHook):
+    federated_batch_hooks = ("on_train_batch_end",)
+
+
+def test_a_callback_declares_which_batch_hooks_it_uses_in_a_federation():
+    """``federated_batch_hooks``: a callback whose batch hooks are idle in a federation says so and is batched (no
+    class list in the executor); one that uses them, or declares nothing, is refused by name."""
+    from lightning_dfl.callbacks import PQIPruning, RigL
+    from lightning_dfl.callbacks.base import federated_batch_hooks
+
+    hooks = batched._BATCH_HOOKS
+    assert federated_batch_hooks(IdleBatchHook(), hooks) == []
+    assert federated_batch_hooks(BatchHook(), hooks) == federated_batch_hooks(UsedBatchHook(), hooks) == \
+        ["on_train_batch_end"]
+    assert federated_batch_hooks(RigL(), hooks) == federated_batch_hooks(PQIPruning(), hooks) == []
+    _fit(Local(), True, rounds=1, callbacks=[IdleBatchHook()])
+    with pytest.raises(ValueError, match="callback UsedBatchHook has batch hooks \\(on_train_batch_end\\)"):
+        _fit(Local(), True, rounds=1, callbacks=[UsedBatchHook()])
+
+
 def test_batched_clients_with_several_processes_is_refused():
     with pytest.raises(ValueError, match="batched_clients .* cannot be combined with 2 processes"):
         FederatedTrainer(devices=2, batched_clients=True, logger=False)

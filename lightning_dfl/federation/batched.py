@@ -6,8 +6,8 @@ and batches, then trains them together (a group at a time, see "Memory" below): 
 stacked along a new leading
 dimension and every step runs ``vmap(grad_and_value(loss))`` over ``functional_call`` of the one model
 architecture. Masked SGD is applied functionally, exactly as the serial path does it: gradients
-times the mask, ``torch.optim.SGD``'s update (weight decay, momentum, dampening, Nesterov), the
-weights times the mask. Clients with fewer or smaller batches are padded: a padded sample has
+times the mask, ``torch.optim.SGD``'s update (:func:`~lightning_dfl.federation.functional_sgd.sgd_step`: weight
+decay, momentum, dampening, Nesterov), the weights times the mask. Clients with fewer or smaller batches are padded: a padded sample has
 weight 0 in the loss (the mean is over real samples) and a client with no batch left at a step
 keeps its weights and momentum. Then every task is finished one by one (callbacks, the "trained"
 evaluation, publishing).
@@ -58,12 +58,13 @@ from lightning.fabric.utilities.rank_zero import rank_zero_info
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from lightning_dfl.callbacks.base import defined_hooks
+from lightning_dfl.callbacks.base import federated_batch_hooks
 from lightning_dfl.deferred import accumulator_dtype
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import TaskContext
 from lightning_dfl.federation.executor import SerialExecutor
-from lightning_dfl.federation.local import _batches
+from lightning_dfl.federation.functional_sgd import sgd_step
+from lightning_dfl.federation.local import task_batches
 from lightning_dfl.federation.plan import RoundPlan
 from lightning_dfl.host_memory import available_bytes, format_bytes
 from lightning_dfl.sparse.masks import zero_inactive_all_
@@ -72,7 +73,8 @@ from lightning_dfl.transfers import copy_all_, to_device
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
 
-__all__ = ["BatchedExecutor", "auto_group_size", "check_batchable", "client_step_bytes", "memory_budget"]
+__all__ = ["BatchedExecutor", "auto_group_size", "check_batchable", "client_step_bytes", "memory_budget",
+           "weighted_cross_entropy"]
 
 _BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
                 "on_before_optimizer_step")
@@ -143,7 +145,6 @@ def auto_group_size(per_client: int, budget: int | None) -> int | None:
 def check_batchable(algorithm: Any, module: Any, optimizer: Any, precision: Any, callbacks: list[Any]) -> None:
     """Raise ``ValueError`` (naming the reason) unless a run of ``algorithm`` on the worker ``module`` with this
     optimizer, precision and callbacks can train its clients batched."""
-    from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
     from lightning_dfl.federation.algorithms.base import Algorithm
     from lightning_dfl.module import SparseClassifier
 
@@ -179,11 +180,8 @@ def check_batchable(algorithm: Any, module: Any, optimizer: Any, precision: Any,
     optimizer = getattr(optimizer, "optimizer", optimizer)
     if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
         raise ValueError(f"batched_clients: the optimizer is {type(optimizer).__name__}; only one-group SGD is batched")
-    harmless = (RigL, PQIPruning, PruningTimeVoting)  # their batch hooks do nothing in a federation
     for callback in callbacks:
-        if isinstance(callback, harmless):
-            continue
-        hooks = defined_hooks(callback, _BATCH_HOOKS)
+        hooks = federated_batch_hooks(callback, _BATCH_HOOKS)  # those it declares idle in a federation aside
         if hooks:
             raise ValueError(f"batched_clients: callback {type(callback).__name__} has batch hooks "
                              f"({', '.join(hooks)}), which a batched step cannot call per client")
@@ -273,7 +271,7 @@ class BatchedExecutor(SerialExecutor):
         model = ctx.module.model
         weights, buffers, masks = (_copies(dict(tensors)) for tensors in (
             model.named_parameters(), model.named_buffers(), ctx.module.mask.masks.items()))
-        batches = [batch for _, _, batch in _batches(ctx)]
+        batches = [batch for _, _, batch in task_batches(ctx)]
         return _Started(ctx, record, weights, masks, batches, buffers)
 
     def _train_together(self, items: list[_Started]) -> tuple[list[Tensor | float], list[dict[str, Tensor]]]:
@@ -295,8 +293,7 @@ class BatchedExecutor(SerialExecutor):
         momenta: dict[str, Tensor] = {}
 
         def loss_of(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-            logits = functional_call(model, (p, b), (x,))
-            return (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
+            return weighted_cross_entropy(functional_call(model, (p, b), (x,)), y, w)
 
         step_fn = vmap(grad_and_value(loss_of))
         device = params[names[0]].device
@@ -360,24 +357,16 @@ class BatchedExecutor(SerialExecutor):
                 if not whole:  # the statistics the forward updated in the copies, written back
                     write(stats, list(stats), list(sub_stats.values()))
                 layer_masks = select(masks, masked)
-                d_p = dict(grads)
+                d_p = dict(grads)  # the mask's gradient hooks, as serially
                 d_p.update(zip(masked, torch._foreach_mul([grads[n] for n in masked], layer_masks)))
-                steps = [d_p[n] for n in names]
-                if wd:
-                    steps = torch._foreach_add(steps, torch._foreach_mul(weights, wd))
-                if momentum:
-                    if s == 0:  # every client with data takes its first step at step 0: buf = d_p
-                        if not whole:  # the clients without data (or of another batch size) keep theirs
-                            for n in names:
-                                momenta.setdefault(n, torch.zeros_like(params[n]))
-                        write(momenta, names, steps)
-                        kept = steps
-                    else:
-                        kept = torch._foreach_add(torch._foreach_mul(select(momenta, names), momentum),
-                                                  torch._foreach_mul(steps, 1 - dampening))
-                        write(momenta, names, kept)
-                    steps = torch._foreach_add(steps, torch._foreach_mul(kept, momentum)) if nesterov else kept
-                updated = torch._foreach_sub(weights, torch._foreach_mul(steps, lr))
+                # every client with data takes its first step at step 0: its momentum starts there
+                previous = select(momenta, names) if momentum and s else None
+                updated, kept = sgd_step(weights, [d_p[n] for n in names], previous, lr=lr, weight_decay=wd,
+                                         momentum=momentum, dampening=dampening, nesterov=nesterov)
+                if kept is not None:
+                    if not momenta and not whole:  # the clients without data (or of another batch size) keep theirs
+                        momenta.update((n, torch.zeros_like(params[n])) for n in names)
+                    write(momenta, names, kept)
                 # re-masked as the module's apply_ does (plain +0.0 outside)
                 zero_inactive_all_([t for n, t in zip(names, updated) if n in masks], layer_masks)
                 write(params, names, updated)
@@ -391,6 +380,12 @@ class BatchedExecutor(SerialExecutor):
         kept = [n for n, t in stats.items() if t.is_floating_point()]
         return losses_out, [{**{n: params[n][i] for n in names}, **{n: stats[n][i] for n in kept}}
                             for i in range(len(items))]
+
+
+def weighted_cross_entropy(logits: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
+    """The mean cross-entropy (PyTorch's) over the samples of weight 1; a padded sample (weight 0) counts for
+    nothing (a batch of real samples only: ``F.cross_entropy(logits, labels)``)."""
+    return (F.cross_entropy(logits, labels, reduction="none") * weights).sum() / weights.sum().clamp_min(1.0)
 
 
 def _copies(tensors: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from lightning_dfl.federation.context import TaskContext
 
 
-def _batches(ctx: TaskContext) -> Iterator[tuple[int, int, Any]]:
+def task_batches(ctx: TaskContext) -> Iterator[tuple[int, int, Any]]:
     """``(epoch, batch_idx, batch)``: ``local_epochs`` passes, or exactly ``local_steps`` batches
     (passes restart as needed: each pass is one epoch for the callbacks)."""
     assert ctx.train_batches is not None
@@ -60,7 +60,7 @@ def train_locally(algorithm: Algorithm, ctx: TaskContext) -> Tensor | float:
     def backward(batch: Any) -> Tensor:  # with graphs (the algorithm's optimizer_step is the default: closure, step)
         return _closure(algorithm, ctx, batch)()
 
-    for _, batch_idx, batch in _batches(ctx):
+    for _, batch_idx, batch in task_batches(ctx):
         ctx.call("on_train_batch_start", batch, batch_idx)
         if graphs is None:
             loss = algorithm.optimizer_step(ctx, _closure(algorithm, ctx, batch))  # the closure zeroes the gradients
