@@ -168,7 +168,7 @@ def instrument(trainer: Any, timer: PhaseTimer, device_paths: bool = False) -> N
         original_setup(*args, **kwargs)
         for method in ("publish", "set_mask", "write"):
             timer.wrap(trainer.store, method, "publish")
-        timer.wrap(trainer.state, "consensus_metrics", "round end")
+        timer.wrap(trainer.federation, "consensus_metrics", "round end")
         if callable(getattr(trainer.executor, "_train_together", None)):  # batched clients: their SGD steps
             timer.wrap(trainer.executor, "_train_together", "local_train")
         if device_paths:

@@ -215,7 +215,7 @@ def test_batchnorm_without_momentum_dropout_and_other_buffers_are_refused():
     model = trainer.module.model
 
     def check_batchable_run():
-        state = trainer.state
+        state = trainer.federation
         check_batchable(state.algorithm, state.module, state.optimizer, state.precision, state.callbacks)
 
     model.bn1.momentum = None

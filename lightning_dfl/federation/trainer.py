@@ -156,7 +156,7 @@ class FederatedTrainer(TrainerView):
         self.history: list[dict[str, float]] = []
         self.summary: report.RunSummary | None = None
         #: built by ``fit``: Fabric, the engine's record, the planner, the executor, the reporter, the diagnostics
-        self.fabric = self.state = self.planner = self.executor = self.reporter = self.diag = None
+        self.fabric = self.federation = self.planner = self.executor = self.reporter = self.diag = None
         #: ``state -> executor``; ``None``: the serial one (or the sharded / batched one the settings ask for)
         self.executor_factory: Callable[[FederationState], SerialExecutor] | None = None
         self._datamodule: FederatedDataModule | None = None
@@ -164,14 +164,14 @@ class FederatedTrainer(TrainerView):
         self._fitted = False  # a trainer runs one fit, see :meth:`fit`
 
     def _call(self, hook: str, *args: Any) -> None:
-        self.state.call(hook, *args)
+        self.federation.call(hook, *args)
 
     # -- set-up --------------------------------------------------------------------------------
     def _setup(self, model: SparseClassifier, datamodule: FederatedDataModule) -> None:
         self._datamodule = datamodule
         federation = build_federation(self.settings, self.algorithm, self.callbacks, self.clock, model, datamodule,
                                       self, self.history, self.executor_factory)
-        self.fabric, self.state = federation.fabric, federation.state
+        self.fabric, self.federation = federation.fabric, federation.state
         self.planner, self.executor = federation.planner, federation.executor
         if not self.is_global_zero:
             self.logger = None  # process 0 writes the run folder
@@ -187,7 +187,7 @@ class FederatedTrainer(TrainerView):
                 self.diag = RunDiagnostics(self.num_clients, self.num_clients + self.algorithm.num_servers, s.rounds,
                                            s.seed, s.diag_every, [n for n, _ in model.model.named_parameters()],
                                            self.log_dir if self.is_global_zero else None)
-        self.state.diag = self.diag  # the diagnostics hear every transfer
+        self.federation.diag = self.diag  # the diagnostics hear every transfer
         self.reporter.start_run({"algorithm": repr(self.algorithm), "rounds": s.rounds, "local_epochs": s.local_epochs,
                                  "seed": s.seed, "num_clients": self.num_clients, **dict(model.hparams),
                                  **{f"data/{k}": v for k, v in datamodule.hparams.items()}},
@@ -214,7 +214,7 @@ class FederatedTrainer(TrainerView):
             tune_allocator()
         check_resume_request(ckpt_path, s.resume_allow)  # a missing or damaged file fails before any set-up
         self._setup(model, datamodule)
-        first_round = load_checkpoint(self.state, ckpt_path, s.resume_allow) if ckpt_path is not None else 0
+        first_round = load_checkpoint(self.federation, ckpt_path, s.resume_allow) if ckpt_path is not None else 0
         self._last_checkpoint = (Path(ckpt_path), first_round) if ckpt_path is not None else None
         self._start_run(model, datamodule)
         if first_round:
@@ -240,7 +240,7 @@ class FederatedTrainer(TrainerView):
                         (round_idx + 1) % s.checkpoint_every == 0 or last))):  # every process holds the same state
                     done = f"stopped after round {round_idx + 1} of {s.rounds}"  # a second signal waits for the file
                     with stop.hold(lambda code, done=done: self._interrupted(code, done)):
-                        save_checkpoint(self.state, self.checkpoint_path)
+                        save_checkpoint(self.federation, self.checkpoint_path)
                     self._last_checkpoint = (self.checkpoint_path, round_idx + 1)
                 advance(metrics)
                 if stop.requested and not last:
@@ -254,8 +254,8 @@ class FederatedTrainer(TrainerView):
         self.summary = report.RunSummary.from_history(self.algorithm, self.history, earlier + wall_s, self.log_dir,
                                                report.mean_client_density(self.store, self.num_clients))
         self.reporter.warn_without_accuracy(self.summary, self.settings.deadline)
-        if self.state.step_graphs is not None:
-            self.state.step_graphs.report(type(self.algorithm).__name__)
+        if self.federation.step_graphs is not None:
+            self.federation.step_graphs.report(type(self.algorithm).__name__)
         self._call("on_train_end")
         self._call("on_fit_end")
         if self.logger is not None:
@@ -276,7 +276,7 @@ class FederatedTrainer(TrainerView):
     def run_round(self, round_idx: int) -> dict[str, float]:
         """Plan and run one round (its exchanges); log and return its metrics."""
         wall = time.perf_counter()
-        self.state.current_round = round_idx
+        self.federation.current_round = round_idx
         self._extra_metrics = {}
         evaluate = self.settings.evaluates(round_idx)
         outcome = run_exchanges(round_idx, evaluate, self.planner, self.executor, self.store, self.clock, self.diag,
@@ -285,8 +285,8 @@ class FederatedTrainer(TrainerView):
         metrics = outcome.metrics(self.num_clients, self.clock)
         self.reporter.warn_partial(round_idx, metrics, self.num_clients, evaluate)
         if evaluate:
-            metrics.update(self.state.consensus_metrics())
-        self._extra_metrics.update(self.algorithm.evaluate_round(self.state.evaluation_context(round_idx, evaluate)))
+            metrics.update(self.federation.consensus_metrics())
+        self._extra_metrics.update(self.algorithm.evaluate_round(self.federation.evaluation_context(round_idx, evaluate)))
         self._call("on_federated_round_end")
         metrics.update(outcome.spread())
         if self.diag is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.context import CountingBatches, TaskFields
@@ -26,13 +27,16 @@ __all__ = ["TrainerView"]
 
 class TrainerView:
     """The read side of :class:`~lightning_dfl.federation.trainer.FederatedTrainer` (module docstring); the
-    trainer sets ``settings``, ``state``, ``fabric``, ``logger`` and ``_datamodule``, ``_extra_metrics``."""
+    trainer sets ``settings``, ``federation``, ``fabric``, ``logger`` and ``_datamodule``, ``_extra_metrics``."""
 
     settings: RunSettings
-    state: Any
+    #: the engine's record of the federation (:class:`~lightning_dfl.federation.federation_state.FederationState`)
+    federation: Any
     fabric: Any
     logger: Any
     _datamodule: FederatedDataModule | None
+    _fitted: bool
+    summary: Any
     _extra_metrics: dict[str, float]
 
     def __getattr__(self, name: str) -> Any:
@@ -46,17 +50,26 @@ class TrainerView:
     @property
     def current_round(self) -> int:
         """The round running (or the last one run); 0 before the first."""
-        return self.state.current_round if self.state is not None else 0
+        return self.federation.current_round if self.federation is not None else 0
 
     @property
     def current_client(self) -> int | None:
         """The client whose task is running (``None`` between tasks)."""
-        return self.state.current_client if self.state is not None else None
+        return self.federation.current_client if self.federation is not None else None
 
     @property
     def train_dataloader(self) -> CountingBatches | None:
         """The running task's training batches."""
-        return self.state.train_dataloader if self.state is not None else None
+        return self.federation.train_dataloader if self.federation is not None else None
+
+    @property
+    def state(self) -> TrainerState:
+        """Lightning's ``Trainer.state``: ``fn`` fitting and ``stage`` training once ``fit`` started; ``status``
+        initializing before, running during and finished after (the engine's record is :attr:`federation`)."""
+        if not self._fitted:
+            return TrainerState()
+        status = TrainerStatus.FINISHED if self.summary is not None else TrainerStatus.RUNNING
+        return TrainerState(status=status, fn=TrainerFn.FITTING, stage=RunningStage.TRAINING)
 
     @property
     def max_rounds(self) -> int:
@@ -74,22 +87,22 @@ class TrainerView:
     @property
     def module(self) -> SparseClassifier | None:
         """The worker module (Lightning's ``lightning_module``)."""
-        return self.state.module if self.state is not None else None
+        return self.federation.module if self.federation is not None else None
 
     lightning_module = module
 
     @property
     def optimizer(self) -> Any:
-        return self.state.optimizer if self.state is not None else None
+        return self.federation.optimizer if self.federation is not None else None
 
     @property
     def store(self) -> Any:
         """The client store (every client's model, mask and declared fields)."""
-        return self.state.store if self.state is not None else None
+        return self.federation.store if self.federation is not None else None
 
     @property
     def worker(self) -> dict[str, Any] | None:
-        return self.state.worker if self.state is not None else None
+        return self.federation.worker if self.federation is not None else None
 
     @property
     def is_global_zero(self) -> bool:
@@ -122,12 +135,12 @@ class TrainerView:
         state here: ``trainer.client_state(k)["voting/delta_first"]``). During the client's own task the
         writes are staged with the task's update: committed when it publishes, discarded if it is contained
         (a non-finite vote or score never reaches the store or a checkpoint)."""
-        task = self.state.current_task if self.state is not None else None
+        task = self.federation.current_task if self.federation is not None else None
         if task is not None and int(task.node) == int(client):
             return TaskFields(task)
         return ClientFields(self.store, client)
 
     def test_batches(self, client: int) -> CountingBatches:
         """The client's test batches on the worker's device, in the precision's input dtype."""
-        return self.state.test_batches(client)
+        return self.federation.test_batches(client)
 
