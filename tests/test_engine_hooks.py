@@ -11,7 +11,7 @@ import torch
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.aggregation import masked_average
-from lightning_dfl.federation.algorithms import DPSGD, FedAvg, GossipAlgorithm, Local
+from lightning_dfl.federation.algorithms import DPSGD, FedAvg, Local, TopologyAlgorithm
 from lightning_dfl.federation.algorithms.base import average_messages
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.messages import TopKCodec
@@ -157,7 +157,7 @@ def test_kept_optimizer_state_travels_with_the_client_across_rounds():
 
 
 # -- aggregation, messages, server step ------------------------------------------------------------
-class NoAggregation(GossipAlgorithm):
+class NoAggregation(TopologyAlgorithm):
     name = "no_aggregation"
 
     def plan_round(self, ctx):
@@ -283,7 +283,7 @@ def test_gossip_steps_are_exchanges_within_one_round():
         bad.validate(5)
 
 
-class RePrune(GossipAlgorithm):
+class RePrune(TopologyAlgorithm):
     """Aggregates as DisPFL, then keeps only the larger half of every layer's active weights (a
     receiver mask chosen after aggregating, as PRISAM re-prunes)."""
 

@@ -38,3 +38,10 @@ def test_state_is_lightnings_trainer_state_and_the_engine_record_is_federation(t
     assert trainer.lightning_module is trainer.module is trainer.federation.module
     with pytest.raises(AttributeError, match="has no attribute 'roundz'"):
         trainer.roundz  # noqa: B018
+
+
+def test_the_earlier_name_of_topology_algorithm_still_imports_with_a_deprecation_warning():
+    from lightning_dfl.federation import algorithms
+
+    with pytest.warns(DeprecationWarning, match="GossipAlgorithm is now TopologyAlgorithm"):
+        assert algorithms.GossipAlgorithm is algorithms.TopologyAlgorithm

@@ -22,7 +22,7 @@ from lightning_dfl.federation.plan import RoundPlan, Source
 from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.federation.topology import FullTopology, Topology, build_topology
 
-__all__ = ["Algorithm", "GossipAlgorithm", "RoundContext", "TaskContext"]
+__all__ = ["Algorithm", "TopologyAlgorithm", "RoundContext", "TaskContext"]
 
 #: class flags the engine trusts, read with :meth:`Algorithm.declares`
 DECLARED_FLAGS = ("shardable", "reads_only_sources")
@@ -282,9 +282,9 @@ def average_messages(messages: list[Message], receiver_mask: dict[str, Tensor] |
         return masked_average(weights, masks, receiver_mask=receiver_mask, coefficients=coefficients)
 
 
-class GossipAlgorithm(Algorithm):
-    """Base of the decentralized algorithms: a topology gives each client M in-neighbours
-    (``num_neighbors``; with the ``full`` topology every client hears the K - 1 others)."""
+class TopologyAlgorithm(Algorithm):
+    """Base of the algorithms with a topology (DisPFL, D-PSGD, DA-DPFL, Local, ...): it gives each client M
+    in-neighbours (``num_neighbors``; with the ``full`` topology every client hears the K - 1 others)."""
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying") -> None:
         self.num_neighbors = check_int("num_neighbors", num_neighbors, 0)  # the full topology ignores it: checked here

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lightning_dfl.federation.algorithms.base import GossipAlgorithm, RoundContext, TaskContext
+from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext, TopologyAlgorithm
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.messages import GSGD_NOISES as NOISES  # noqa: F401 (re-exported)
 from lightning_dfl.federation.messages import (  # noqa: F401 (gsgd, its codec: BEER's default C, re-exported)
@@ -80,7 +80,7 @@ def compress(codec: Codec, values: Mapping[str, Tensor], generator: torch.Genera
     return message.weights, message.value_bytes, message.index_bytes
 
 
-class BEER(GossipAlgorithm):
+class BEER(TopologyAlgorithm):
     """BEER (module docstring) on a fixed graph: ``ring`` (M even: M/2 on each side) or ``full``.
 
     Args:

@@ -7,13 +7,13 @@ from lightning.pytorch import Callback
 from lightning_dfl.callbacks.pqi import PQIPruning
 from lightning_dfl.callbacks.rigl import RigL
 from lightning_dfl.callbacks.voting import PruningTimeVoting
-from lightning_dfl.federation.algorithms.base import GossipAlgorithm, RoundContext
+from lightning_dfl.federation.algorithms.base import RoundContext, TopologyAlgorithm
 from lightning_dfl.federation.dynamic_aggregation import reuse_dependencies
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.sparse.rigl import REGROWTH_MODES
 
 
-class DADPFL(GossipAlgorithm):
+class DADPFL(TopologyAlgorithm):
     """DA-DPFL (Alg. 1): dynamic aggregation over a reuse order, with pruning-time voting and PQI pruning.
 
     Each round one random reuse permutation orders the clients; client k

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import is_number
-from lightning_dfl.federation.algorithms.base import GossipAlgorithm, RoundContext, TaskContext
+from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext, TopologyAlgorithm
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.messages import Message, build_codec, dtype_bound
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
@@ -56,7 +56,7 @@ def fp16_roundtrip(tensor: Tensor) -> Tensor:
     return tensor.to(torch.float16).to(tensor.dtype) if tensor.is_floating_point() else tensor
 
 
-class DFedAvgM(GossipAlgorithm):
+class DFedAvgM(TopologyAlgorithm):
     """DFedAvgM: K local heavy-ball steps, then uniform mixing over in-neighbours and self (module doc).
 
     Args:

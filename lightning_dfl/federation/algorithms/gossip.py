@@ -7,8 +7,8 @@ from lightning.pytorch import Callback
 from lightning_dfl.callbacks.rigl import RigL
 from lightning_dfl.federation.algorithms.base import (
     Algorithm,
-    GossipAlgorithm,
     RoundContext,
+    TopologyAlgorithm,
 )
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.sparse.rigl import REGROWTH_MODES
@@ -24,7 +24,7 @@ def parallel_plan(ctx: RoundContext, neighbors: list[list[int]]) -> RoundPlan:
     return RoundPlan(ctx.round_idx, tasks)
 
 
-class DisPFL(GossipAlgorithm):
+class DisPFL(TopologyAlgorithm):
     """DisPFL (Dai et al., ICML 2022, Alg. 1-2): personal ERK masks, masked gossip averaging
     (Alg. 1 line 7), masked local SGD, then RigL's local mask search (Alg. 2).
 
@@ -63,7 +63,7 @@ class DisPFL(GossipAlgorithm):
         return parallel_plan(ctx, self.neighbors(ctx))
 
 
-class DPSGD(GossipAlgorithm):
+class DPSGD(TopologyAlgorithm):
     """D-PSGD (Lian et al., 2017): uniform average of itself and its neighbours' models, then local
     epochs. All clients share one mask (dense unless the module's density is below 1). Its shared
     model, tested on every client, is the average of all clients' models; ``headline="personal"``

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import check_bool, check_int, is_number
-from lightning_dfl.federation.algorithms.base import Algorithm, GossipAlgorithm
+from lightning_dfl.federation.algorithms.base import Algorithm, TopologyAlgorithm
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.context import RoundContext, TaskContext
 from lightning_dfl.federation.messages import Message
@@ -69,7 +69,7 @@ def _check_ratio(name: str, value: object) -> float:
     return float(value)
 
 
-class PRISAM(GossipAlgorithm):
+class PRISAM(TopologyAlgorithm):
     """PRISAM: each device prunes whole BN channels at its ratio rho_i, devices with similar masks
     are grouped by clustering the masks, and each group averages its structurally different models.
 
