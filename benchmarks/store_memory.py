@@ -1,6 +1,6 @@
 """Peak memory of a 100-client CIFAR ResNet18 federation's client store.
 
-Builds the store the way ``FederatedTrainer`` does (``ClientStore`` with the worker's float
+Builds the store the way ``FederatedTrainer`` does (``DenseClientStore`` with the worker's float
 ``state_dict`` as template and the module's masked names; two weight slots and two published
 masks per node, plus each node's current mask), initializes every node with its own ERK mask at
 density 0.5 through ``store.initialize``, and reports ``store.nbytes()`` and the process's peak
@@ -9,14 +9,14 @@ RSS (``resource.getrusage``) before and after, in GiB (2^30 bytes).
 It needs about 12 GiB for K = 100: run it once, alone. It refuses to start, before allocating,
 when ``/proc/meminfo`` shows too little available memory.
 
-``--store compact`` measures :class:`~lightning_dfl.federation.compact_state.CompactClientStore`
+``--store compact`` measures :class:`~lightning_dfl.federation.store.compact.CompactClientStore`
 (``FederatedTrainer(store="compact")``) instead, and then plays rounds the way DisPFL's tasks use the
 store, in the serial executor's order: each task reads its sources (itself and its M in-neighbours of
 the topology), publishes the model it trained (zero outside its mask, as the module leaves it) and sets a next mask that differs from the published one
 (RigL: 10% of each layer's active weights moved). The store is measured after every task (the
 round's peak) and after ``end_round``: a round that keeps every start-of-round record to its end,
 then rounds whose records are freed after their last reader (what the executor does for DisPFL,
-:class:`~lightning_dfl.federation.state.StartReads`) on DisPFL's time-varying topology (M = 10) and on a
+:class:`~lightning_dfl.federation.start_reads.StartReads`) on DisPFL's time-varying topology (M = 10) and on a
 ring (M = 2); then one round in which every node prunes half of its active weights (DA-DPFL's PQI), to
 show the memory falling.
 
@@ -39,10 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lightning_dfl.federation.compact_state import CompactClientStore
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.state import ClientStore, StartReads
-from lightning_dfl.federation.store_memory import available_bytes
+from lightning_dfl.federation.start_reads import StartReads
+from lightning_dfl.federation.store import ClientStore, CompactClientStore, DenseClientStore
+from lightning_dfl.federation.store.memory import available_bytes
 from lightning_dfl.federation.topology import build_topology
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     snaps.append(snapshot("model built"))
 
     start = time.perf_counter()
-    store = ClientStore(template, masked, args.clients)
+    store = DenseClientStore(template, masked, args.clients)
     alloc_s = time.perf_counter() - start
     snaps.append(snapshot("store allocated"))
     start = time.perf_counter()

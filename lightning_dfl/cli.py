@@ -76,7 +76,7 @@ _CHOICES = {
     "distribution": ("lightning_dfl.sparse.erk", "DISTRIBUTIONS"),
     "clock_distribution": ("lightning_dfl.federation.clock", "DISTRIBUTIONS"),
     "update_interval": ("lightning_dfl.callbacks.rigl", "UPDATE_INTERVALS"),
-    "store_device": ("lightning_dfl.federation.store_memory", "STORE_DEVICES"),
+    "store_device": ("lightning_dfl.federation.store.memory", "STORE_DEVICES"),
     "memory_format": ("lightning_dfl.federation.kernels", "MEMORY_FORMATS"),
     "matmul_precision": ("lightning_dfl.federation.kernels", "MATMUL_PRECISIONS"),
 }

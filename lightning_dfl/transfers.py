@@ -3,7 +3,7 @@
 A copy between pinned (page-locked) host memory and a CUDA device can be queued (``non_blocking=True``)
 while the host goes on; :func:`copy_all_` queues every such copy of a batch and waits for them once, so
 that no caller reads a destination or overwrites a source before its copy is done. The client store
-(:mod:`lightning_dfl.federation.state`) and the worker's mask (:mod:`lightning_dfl.sparse.masks`) copy
+(:mod:`lightning_dfl.federation.store`) and the worker's mask (:mod:`lightning_dfl.sparse.masks`) copy
 through it.
 
 A copy from ordinary (pageable) host memory to a CUDA device is the opposite: PyTorch waits for everything

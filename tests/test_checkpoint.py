@@ -480,13 +480,12 @@ STRUCTURE = {  # case: (store that saved, edit, what the one line says)
 @pytest.mark.parametrize("case", list(STRUCTURE))
 def test_a_checkpoint_of_the_wrong_structure_is_one_line_before_anything_loads(saved, saved_compact, tmp_path,
                                                                                 monkeypatch, case):
-    from lightning_dfl.federation.compact_state import CompactClientStore
-    from lightning_dfl.federation.state import ClientStore
+    from lightning_dfl.federation.store import CompactClientStore, DenseClientStore
 
     store, edit, message = STRUCTURE[case]
     bad = _poisoned(saved[0] if store == "dense" else saved_compact, tmp_path / "bad.ckpt", edit)
     loads = []
-    for cls in (ClientStore, CompactClientStore):
+    for cls in (DenseClientStore, CompactClientStore):
         monkeypatch.setattr(cls, "load_state_dict", lambda self, state: loads.append(state))
     started = Started()
     trainer = _trainer(tmp_path / "r", callbacks=[started], rounds=3, store=store)

@@ -230,7 +230,7 @@ def test_bad_input_is_one_line(tmp_path, files, capsys, extra, named):
 
 
 def test_a_dense_store_too_large_for_the_memory_is_one_line(tmp_path, monkeypatch, capsys):
-    import lightning_dfl.federation.store_memory as store_memory
+    import lightning_dfl.federation.store.memory as store_memory
 
     monkeypatch.setattr(store_memory, "available_bytes", lambda: 1 << 20)
     with pytest.raises(SystemExit) as exit_info:

@@ -15,15 +15,6 @@ from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.deferred import device_paths_on_cpu
 from lightning_dfl.federation.algorithms import BEER, DADPFL, PRISAM, PSFL, DFedAvgM, DFedSAM, DisPFL, GossipFL
 from lightning_dfl.federation.checkpoint_io import read_state
-from lightning_dfl.federation.compact_records import (
-    _pack_torch,
-    _unpack_torch,
-    checkpoint_weights,
-    pack_bits,
-    pack_bits_all,
-    unpack_bits,
-)
-from lightning_dfl.federation.compact_state import STORE_KINDS, CompactClientStore, check_store_kind
 from lightning_dfl.federation.diagnostics import (
     consensus_distances,
     flip_fractions,
@@ -33,8 +24,18 @@ from lightning_dfl.federation.diagnostics import (
     popcount,
 )
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.state import ClientStore, StartReads, StateField
-from lightning_dfl.federation.store_memory import check_store_fits, compact_store_bytes, dense_store_bytes
+from lightning_dfl.federation.start_reads import StartReads
+from lightning_dfl.federation.store import CompactClientStore, DenseClientStore, StateField
+from lightning_dfl.federation.store.factory import STORE_KINDS, check_store_kind
+from lightning_dfl.federation.store.memory import check_store_fits, compact_store_bytes, dense_store_bytes
+from lightning_dfl.federation.store.records import (
+    _pack_torch,
+    _unpack_torch,
+    checkpoint_weights,
+    pack_bits,
+    pack_bits_all,
+    unpack_bits,
+)
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -70,7 +71,7 @@ MASKED = ["conv.weight", "fc.weight"]
 
 def _pair(nodes=5, fields=FIELDS):
     template = _template()
-    return (ClientStore(template, MASKED, nodes, fields=fields),
+    return (DenseClientStore(template, MASKED, nodes, fields=fields),
             CompactClientStore(template, MASKED, nodes, fields=fields))
 
 
@@ -129,7 +130,7 @@ def test_other_dtypes_keep_their_bits(dtype, device_paths):
 
 def _other_dtypes_keep_their_bits(dtype):
     template = {"w": torch.zeros(7, 9, dtype=dtype), "b": torch.zeros(7, dtype=dtype)}
-    dense, compact = (cls(template, ["w"], 2) for cls in (ClientStore, CompactClientStore))
+    dense, compact = (cls(template, ["w"], 2) for cls in (DenseClientStore, CompactClientStore))
     gen = torch.Generator().manual_seed(6)
     for node in range(2):
         weights = {n: torch.randn(t.shape, generator=gen).to(dtype) for n, t in template.items()}
@@ -161,7 +162,7 @@ def test_a_model_of_several_dtypes_and_kept_tensors_expands_bit_for_bit_on_the_a
         weights[n].masked_fill_(~masks[n], 0.0)
     weights["c"][(~masks["c"]).nonzero()[0]] = 0.5  # a value outside the mask: kept whole
     weights["e"][~masks["e"]] = -0.0  # signed zeros outside the mask
-    dense = ClientStore(template, masked, 1)
+    dense = DenseClientStore(template, masked, 1)
     with device_paths_on_cpu():
         compact = CompactClientStore(template, masked, 1)
         for store in (dense, compact):
@@ -382,7 +383,7 @@ def _erk_store(kind, nodes, arch="cnn_cifar", density=0.5):
     module = SparseClassifier(arch, num_classes=10, in_channels=3, image_size=32, density=density,
                               distribution="erk", seed=0)
     template = {n: t for n, t in module.model.state_dict().items() if t.is_floating_point()}
-    store = (CompactClientStore if kind == "compact" else ClientStore)(template, list(module.mask.masks), nodes)
+    store = (CompactClientStore if kind == "compact" else DenseClientStore)(template, list(module.mask.masks), nodes)
     for node in range(nodes):
         store.initialize(node, template, module.initial_masks(torch.Generator().manual_seed(node)))
     dense_fp32 = nodes * sum(t.numel() * 4 for t in template.values())
@@ -437,7 +438,7 @@ def test_start_reads_release_a_model_after_its_last_reader():
 
 def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():
     k = 8
-    dense = ClientStore(_template(), MASKED, k)
+    dense = DenseClientStore(_template(), MASKED, k)
     compact = CompactClientStore(_template(), MASKED, k)
     gen = torch.Generator().manual_seed(0)
     for node in range(k):
@@ -647,13 +648,13 @@ def test_two_processes_with_the_compact_store_reproduce_one(tmp_path):
 def test_store_sizes_are_computed_from_the_layout():
     # float32 entries 108 + 4 + 360 + 10, float64 running_var 4: 1,960 bytes a model; 468 masked entries
     assert dense_store_bytes(_template(), MASKED, 5) == 5 * (2 * 1960 + 3 * 468)
-    assert dense_store_bytes(_template(), MASKED, 5) <= ClientStore(_template(), MASKED, 5).nbytes()
+    assert dense_store_bytes(_template(), MASKED, 5) <= DenseClientStore(_template(), MASKED, 5).nbytes()
     # half the masked values, the unmasked ones whole, two packed masks (468 / 4 bytes)
     assert compact_store_bytes(_template(), MASKED, 5, 0.5) == int(5 * (0.5 * 468 * 4 + 14 * 4 + 32 + 117))
 
 
 def test_a_dense_store_larger_than_the_memory_is_refused_with_the_compact_alternative(monkeypatch, tmp_path):
-    import lightning_dfl.federation.store_memory as store_memory
+    import lightning_dfl.federation.store.memory as store_memory
 
     monkeypatch.setattr(store_memory, "available_bytes", lambda: 4096)
     model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05, seed=1)
@@ -672,7 +673,7 @@ def test_a_dense_store_larger_than_the_memory_is_refused_with_the_compact_altern
 
 
 def test_every_process_of_a_sharded_run_holds_its_own_dense_store(monkeypatch):
-    import lightning_dfl.federation.store_memory as store_memory
+    import lightning_dfl.federation.store.memory as store_memory
 
     need = dense_store_bytes(_template(), MASKED, 5)
     monkeypatch.setattr(store_memory, "available_bytes", lambda: int(1.5 * need))

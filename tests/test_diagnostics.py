@@ -16,7 +16,7 @@ from lightning_dfl.federation import diagnostics as D
 from lightning_dfl.federation.algorithms import DADPFL, DPSGD, PSFL, DFedSAM, DisPFL, FedAvg, Local
 from lightning_dfl.federation.context import RoundContext
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.store import DenseClientStore
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -128,7 +128,7 @@ def _store(weights, masks):
     """A store of len(weights) nodes with one parameter "w" (masked) holding the given vectors."""
     weights = torch.tensor(weights, dtype=torch.float32)
     masks = torch.tensor(masks, dtype=torch.bool)
-    store = ClientStore({"w": weights[0]}, ["w"], len(weights))
+    store = DenseClientStore({"w": weights[0]}, ["w"], len(weights))
     for k in range(len(weights)):
         store.initialize(k, {"w": weights[k]}, {"w": masks[k]})
     return store
@@ -159,7 +159,7 @@ def test_consensus_distances_in_many_blocks_and_pair_chunks_match_float64(kind, 
     """Blocks of columns, pairs in chunks, float64 sums: however the parameter is cut (here 30 blocks and 5 chunks
     of pairs) the results are the float64 formulas' up to one float32 rounding per entry (a centred entry, a pair
     difference: ~1e-10 and ~1e-13 here; float32 sums of the blocks were off by ~1e-5)."""
-    from lightning_dfl.federation.compact_state import store_class
+    from lightning_dfl.federation.store.factory import store_class
     monkeypatch.setattr(D, "BLOCK_ELEMENTS", 4096)
     gen = torch.Generator().manual_seed(0)
     k, n = 10, 11_000

@@ -16,7 +16,7 @@ from lightning_dfl.federation.algorithms.base import average_messages
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.messages import TopKCodec
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.federation.store import DenseClientStore, StateField
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
@@ -39,7 +39,7 @@ def test_store_fields_private_per_parameter_and_published():
     template = {"w": torch.zeros(2, 3), "b": torch.zeros(2)}
     fields = [StateField("count", dtype=torch.int64), StateField("personal", like="weights", dtype=None, fill=math.nan),
               StateField("history", like="mask", dtype=torch.bool), StateField("age", published=True, fill=1.0)]
-    store = ClientStore(template, ["w"], num_nodes=3, fields=fields)
+    store = DenseClientStore(template, ["w"], num_nodes=3, fields=fields)
     assert store.read(0, "count").item() == 0 and torch.isnan(store.read(1, "personal")["w"]).all()
     assert store.read(2, "history")["w"].shape == (2, 3) and set(store.read(2, "history")) == {"w"}
     store.write(1, "count", 7)
@@ -57,13 +57,13 @@ def test_store_fields_private_per_parameter_and_published():
     store.end_round()
     assert store.read(0, "age").item() == 5.0 and store.read(1, "age").item() == 1.0
     # saved and restored with the store; another field set is refused by name
-    other = ClientStore(template, ["w"], num_nodes=3, fields=fields)
+    other = DenseClientStore(template, ["w"], num_nodes=3, fields=fields)
     other.load_state_dict(store.state_dict())
     assert other.read(1, "count").item() == 7 and other.read(0, "age").item() == 5.0
     with pytest.raises(ValueError, match="state fields"):
-        ClientStore(template, ["w"], num_nodes=3).load_state_dict(store.state_dict())
+        DenseClientStore(template, ["w"], num_nodes=3).load_state_dict(store.state_dict())
     with pytest.raises(ValueError, match="declared twice"):
-        ClientStore(template, ["w"], 1, fields=[StateField("a"), StateField("a")])
+        DenseClientStore(template, ["w"], 1, fields=[StateField("a"), StateField("a")])
 
 
 # -- the algorithm of docs/writing-algorithms.md (Ditto) ------------------------------------------

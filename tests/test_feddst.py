@@ -12,7 +12,7 @@ from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms.feddst import FedDST, holder_average, reprune
 from lightning_dfl.federation.messages import Message
 from lightning_dfl.federation.plan import Source, Task
-from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.store import DenseClientStore
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.erk import active_count, erk_densities
@@ -105,7 +105,7 @@ def test_disjoint_holders_keep_their_values_then_the_server_reprunes_by_magnitud
     assert torch.equal(reprune(average, union, {"w": 6})["w"], union["w"])  # never grows past the union
 
     # the server step: average, re-prune to the ERK budget (3), zero the rest, store the new global mask
-    store = ClientStore({"w": torch.zeros(2, 3), "b": torch.zeros(2)}, ["w"], num_nodes=3)
+    store = DenseClientStore({"w": torch.zeros(2, 3), "b": torch.zeros(2)}, ["w"], num_nodes=3)
     budget_mask = torch.tensor([[1, 1, 1], [0, 0, 0]], dtype=torch.bool)  # 3 active: the layer's ERK budget
     module = SimpleNamespace(initial_masks=lambda generator: {"w": budget_mask})
     ctx = SimpleNamespace(node=2, store=store, module=module,

@@ -13,7 +13,7 @@ from lightning_dfl.cli import main
 from lightning_dfl.federation.algorithms import ALGORITHMS
 
 #: what the help once showed that a user cannot act on: code names, options that do not exist, class lists
-INTERNAL = ("known subclasses", "compact_state", "checkpoint_path", "resolve_store_device", "lightning_dfl.",
+INTERNAL = ("known subclasses", "store.compact", "checkpoint_path", "resolve_store_device", "lightning_dfl.",
             "lightning.pytorch.callbacks", "callbacks.base", "store_memory", "sharding", ":mod:", ":func:", "``")
 
 

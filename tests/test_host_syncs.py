@@ -18,7 +18,7 @@ from lightning_dfl.deferred import device_paths_on_cpu, read_values
 from lightning_dfl.federation import step_graphs
 from lightning_dfl.federation.algorithms import DisPFL
 from lightning_dfl.federation.executor import SerialExecutor
-from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.store import DenseClientStore
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.rigl import rigl_masks
@@ -106,8 +106,8 @@ def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth=
 #: mask with the last ones, to share their bytes.
 TASK_READS = {("dense", "random"): ["masks.py"],
               ("dense", "gradient"): [],
-              ("compact", "random"): ["compact_state.py", "compact_state.py", "compact_state.py", "masks.py"],
-              ("compact", "gradient"): ["compact_state.py", "compact_state.py", "compact_state.py"]}
+              ("compact", "random"): ["compact.py", "compact.py", "compact.py", "masks.py"],
+              ("compact", "gradient"): ["compact.py", "compact.py", "compact.py"]}
 
 
 @pytest.mark.parametrize("store, cuda_graphs, regrowth", [("dense", False, "random"), ("compact", False, "random"),
@@ -172,7 +172,7 @@ def test_the_dense_store_reads_a_rounds_value_counts_once_at_its_end(monkeypatch
     masks = [{"w": torch.rand(4, 5, generator=gen) < 0.5} for _ in range(3)]
     reads = HostReads(monkeypatch)
     with device_paths_on_cpu():
-        store = ClientStore(template, ["w"], num_nodes=3)
+        store = DenseClientStore(template, ["w"], num_nodes=3)
         for node in range(3):
             store.initialize(node, template, masks[node])
         store.end_round()

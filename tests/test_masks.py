@@ -5,7 +5,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import nn
 
-from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.federation.store import DenseClientStore, StateField
 from lightning_dfl.sparse.masks import ModelMask, density, maskable_parameters, zero_inactive_
 
 
@@ -100,7 +100,7 @@ def test_model_mask_rejects_unknown_names_and_shapes():
 
 def test_client_store_slots_keep_start_of_round_snapshots():
     template = {"w": torch.zeros(3), "b": torch.zeros(1)}
-    store = ClientStore(template, ["w"], num_nodes=2)
+    store = DenseClientStore(template, ["w"], num_nodes=2)
     store.initialize(0, {"w": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([1.0])},
                      {"w": torch.tensor([True, False, True])})
     store.initialize(1, {"w": torch.ones(3), "b": torch.zeros(1)}, None)
@@ -122,7 +122,7 @@ def test_client_store_slots_keep_start_of_round_snapshots():
 
 def test_client_state_is_a_plain_serializable_copy(tmp_path):
     template = {"w": torch.zeros(3), "b": torch.zeros(1)}
-    store = ClientStore(template, ["w"], num_nodes=1, fields=[StateField("personal_lr")])
+    store = DenseClientStore(template, ["w"], num_nodes=1, fields=[StateField("personal_lr")])
     store.initialize(0, {"w": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([4.0])},
                      {"w": torch.tensor([True, False, True])})
     store.write(0, "personal_lr", 0.5)

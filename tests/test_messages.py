@@ -15,7 +15,7 @@ from lightning_dfl.federation.messages import (
     gather_messages,
     masked_codec,
 )
-from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.store import DenseClientStore
 
 MASKED = ["w"]
 
@@ -62,7 +62,7 @@ def test_byte_counts_by_hand(codec, with_mask, value_bytes, index_bytes):
 
 def test_masked_codec_fast_path_equals_slow_path_on_store_views():
     weights, mask = tiny_model()
-    store = ClientStore(weights, MASKED, num_nodes=2)
+    store = DenseClientStore(weights, MASKED, num_nodes=2)
     store.initialize(0, weights, mask)
     store.initialize(1, weights, None)
     for node in (0, 1):

@@ -21,13 +21,12 @@ from _helpers import assert_nested_same
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-import lightning_dfl.federation.store_memory as store_memory
+import lightning_dfl.federation.store.memory as store_memory
 import lightning_dfl.transfers as transfers
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DisPFL
-from lightning_dfl.federation.compact_state import CompactClientStore
-from lightning_dfl.federation.state import ClientStore, StateField
-from lightning_dfl.federation.store_memory import (
+from lightning_dfl.federation.store import CompactClientStore, DenseClientStore, StateField
+from lightning_dfl.federation.store.memory import (
     AUTO_KEEP_MIN_BYTES,
     GIB,
     STORE_DEVICES,
@@ -297,7 +296,7 @@ def test_explicit_values_are_kept_and_others_refused():
 
 
 def test_the_estimate_is_what_the_store_allocates(monkeypatch):
-    dense = ClientStore(TEMPLATE, MASKED, 5, fields=FIELDS)
+    dense = DenseClientStore(TEMPLATE, MASKED, 5, fields=FIELDS)
     assert fields_bytes(FIELDS, TEMPLATE, MASKED, 5) == sum(t.numel() * t.element_size()
                                                             for parts in dense.fields.values() for t in parts.values())
     assert store_bytes("dense", TEMPLATE, MASKED, 5, 0.5, FIELDS) == dense.nbytes()
@@ -417,7 +416,7 @@ def _cpu_state(state):
     assert leaves and all(type(t) is torch.Tensor and t.device == CPU for t in leaves)
 
 
-STORES = {"dense": ClientStore, "compact": CompactClientStore}
+STORES = {"dense": DenseClientStore, "compact": CompactClientStore}
 
 
 @pytest.mark.parametrize("kind", list(STORES))
@@ -542,7 +541,7 @@ def test_a_fit_with_the_store_on_the_gpu_matches_the_cpu_store(store, gpu, monke
     """The H100's crash path: ``_setup`` initializes a store on the GPU with the CPU's initial masks. The worker
     stays on the CPU here (a real GPU worker cannot be simulated), so the run also checks that the engine
     moves what it takes from the store to the worker and back (and the diagnostics read it on its device)."""
-    import lightning_dfl.federation.store_setup as store_setup
+    import lightning_dfl.federation.store.factory as store_factory
 
     def on_device(make):  # data constructors on the simulated GPU: built on the CPU, then copied
         def build(data, *args, device=None, **kwargs):
@@ -555,7 +554,7 @@ def test_a_fit_with_the_store_on_the_gpu_matches_the_cpu_store(store, gpu, monke
     runs = {}
     for where in ("cpu", "gpu"):
         if where == "gpu":
-            monkeypatch.setattr(store_setup, "resolve_store_device", lambda *args: (GPU, "simulated"))
+            monkeypatch.setattr(store_factory, "resolve_store_device", lambda *args: (GPU, "simulated"))
         dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=64, test_samples_per_client=20,
                                  partition="dirichlet", alpha=0.5, seed=1)
         model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05, seed=1)

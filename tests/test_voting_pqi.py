@@ -21,7 +21,7 @@ from lightning_dfl.callbacks.pqi import PQIPruning
 from lightning_dfl.callbacks.voting import PruningTimeVoting, pack_bits, unpack_bits
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DADPFL
-from lightning_dfl.federation.state import ClientFields, ClientStore, StateField
+from lightning_dfl.federation.store import ClientFields, DenseClientStore, StateField
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.masks import ModelMask, sparsity
@@ -39,7 +39,7 @@ def _fed_trainer(callbacks, net=None, max_rounds=20, num_clients=4):
     trainer.log_metrics = lambda metrics: trainer.logged.setdefault(trainer.current_round, {}).update(metrics)
     fields = [StateField(**spec) for c in callbacks if hasattr(c, "client_state_fields")
               for spec in c.client_state_fields(trainer, net)]
-    trainer.store = ClientStore({}, [], num_clients, fields=fields)
+    trainer.store = DenseClientStore({}, [], num_clients, fields=fields)
     trainer.client_state = lambda k: ClientFields(trainer.store, k)
     return trainer
 

@@ -36,7 +36,7 @@ from lightning_dfl.federation.participation import RoundPlanner
 from lightning_dfl.federation.settings import RunSettings
 from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
 from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
-from lightning_dfl.federation.store_setup import build_store, state_fields
+from lightning_dfl.federation.store.factory import build_store, state_fields
 from lightning_dfl.module import SparseClassifier
 
 __all__ = ["Federation", "build_federation"]

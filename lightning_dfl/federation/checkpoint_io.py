@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from lightning_dfl.federation.compact_records import FORMAT as COMPACT_FORMAT
-from lightning_dfl.federation.compact_records import unpack_bits
+from lightning_dfl.federation.store.records import FORMAT as COMPACT_FORMAT
+from lightning_dfl.federation.store.records import unpack_bits
 from lightning_dfl.host_memory import available_bytes, format_bytes
 
 FORMAT = "lightning-dfl/federation"

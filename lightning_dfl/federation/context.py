@@ -13,7 +13,7 @@ from torch import Tensor
 
 from lightning_dfl.federation.evaluation import accuracy
 from lightning_dfl.federation.plan import Task
-from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.seeding import derive_seed
 
 
@@ -198,7 +198,7 @@ def _no_callbacks(*args: Any) -> None:
 
 
 class TaskFields:
-    """The running task's node's fields as a mapping, like :class:`~lightning_dfl.federation.state.ClientFields`,
+    """The running task's node's fields as a mapping, like :class:`~lightning_dfl.federation.store.fields.ClientFields`,
     but through the task: reads see its staged writes, writes are staged (:meth:`TaskContext.write`)."""
 
     def __init__(self, ctx: TaskContext) -> None:

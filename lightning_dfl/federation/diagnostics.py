@@ -276,7 +276,7 @@ def block_elements(device: torch.device | str) -> int:
 def _step(rows: int, device: torch.device | str, multiple: int = 1) -> int:
     """Columns per block when ``rows`` rows are read at once on ``device``: at most :func:`block_elements` /
     ``rows`` elements, a multiple of ``multiple`` (the store's
-    :meth:`~lightning_dfl.federation.state.ClientStore.column_blocks`)."""
+    :meth:`~lightning_dfl.federation.store.protocol.ClientStore.column_blocks`)."""
     return max(multiple, (block_elements(device) // max(rows, 1)) // multiple * multiple)
 
 

@@ -24,7 +24,7 @@ from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.context import CountingBatches, EvaluationContext
 from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.plan import every_and_last
-from lightning_dfl.federation.state import ClientStore
+from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.transfers import copy_all_, to_device
 
 __all__ = ["FederationState", "HookDispatch"]

@@ -17,13 +17,13 @@ import torch
 from lightning.fabric.connector import _Connector
 
 from lightning_dfl.checks import check_bool, check_int, check_output_path
-from lightning_dfl.federation.compact_state import check_store_kind
 from lightning_dfl.federation.diagnostics import AUTO_MAX_K, check_diagnostics
 from lightning_dfl.federation.kernels import check_benchmark, check_matmul_precision, check_memory_format
 from lightning_dfl.federation.participation import check_faults
 from lightning_dfl.federation.plan import every_and_last
 from lightning_dfl.federation.sharding import check_processes
-from lightning_dfl.federation.store_memory import check_store_device
+from lightning_dfl.federation.store.factory import check_store_kind
+from lightning_dfl.federation.store.memory import check_store_device
 
 __all__ = ["ACCELERATORS", "MAX_SEED", "RunSettings", "check_accelerator"]
 

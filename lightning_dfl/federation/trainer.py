@@ -67,7 +67,7 @@ class FederatedTrainer(TrainerView):
             worker's device, whatever it is.
         store: the client store's backend: ``"dense"`` (two dense slots per node) or ``"compact"``
             (each node's active values plus packed mask bits, bit-identical results; see
-            :mod:`~lightning_dfl.federation.compact_state`).
+            :mod:`~lightning_dfl.federation.store.compact`).
         enable_progress_bar: show a progress bar over rounds and a summary at the end.
         checkpoint_every: save the federation's state every this many rounds (and after the last)
             to ``<run folder>/checkpoints/last.ckpt``; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.

@@ -19,7 +19,7 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerSta
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.context import CountingBatches, TaskFields
 from lightning_dfl.federation.settings import RunSettings
-from lightning_dfl.federation.state import ClientFields
+from lightning_dfl.federation.store.fields import ClientFields
 from lightning_dfl.module import SparseClassifier
 
 __all__ = ["TrainerView"]

@@ -19,7 +19,7 @@ from lightning_dfl.federation.evaluation import deferred_accuracy
 from lightning_dfl.federation.local import train_locally
 from lightning_dfl.federation.messages import PUBLISH_BOUND, Message, gather_messages, masked_codec
 from lightning_dfl.federation.plan import RoundPlan, Source
-from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.federation.store import ClientStore, StateField
 from lightning_dfl.federation.topology import FullTopology, Topology, build_topology
 
 __all__ = ["Algorithm", "TopologyAlgorithm", "RoundContext", "TaskContext"]

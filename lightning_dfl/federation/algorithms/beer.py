@@ -49,7 +49,7 @@ from lightning_dfl.federation.messages import (  # noqa: F401 (gsgd, its codec: 
     gsgd,
 )
 from lightning_dfl.federation.plan import RoundPlan, Source
-from lightning_dfl.federation.state import StateField
+from lightning_dfl.federation.store import StateField
 
 #: BEER's compressors C (codecs of :data:`~lightning_dfl.federation.messages.CODECS`; ``"identity"``: dense)
 COMPRESSORS = ("gsgd", "top_k", "random_k", "identity")

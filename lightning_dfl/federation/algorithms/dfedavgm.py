@@ -41,7 +41,7 @@ from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext, 
 from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.messages import Message, build_codec, dtype_bound
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.state import StateField
+from lightning_dfl.federation.store import StateField
 
 #: ``"original"``: Sun et al.'s mixing of the trained models; ``"da"``: the DA-DPFL authors' delta rule
 RULES = ("original", "da")

@@ -35,7 +35,7 @@ from lightning_dfl.federation.algorithms.fedavg import FedAvg
 from lightning_dfl.federation.context import EvaluationContext, RoundContext
 from lightning_dfl.federation.local import train_locally
 from lightning_dfl.federation.plan import RoundPlan
-from lightning_dfl.federation.state import ClientStore, StateField
+from lightning_dfl.federation.store import ClientStore, StateField
 from lightning_dfl.stats import mean_std
 
 __all__ = ["Ditto", "PERSONAL"]

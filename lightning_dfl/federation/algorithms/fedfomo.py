@@ -33,7 +33,7 @@ from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, Ta
 from lightning_dfl.federation.context import CountingBatches
 from lightning_dfl.federation.messages import Message
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.state import StateField
+from lightning_dfl.federation.store import StateField
 from lightning_dfl.seeding import derive_seed
 
 AFFINITY = "fedfomo/affinity"

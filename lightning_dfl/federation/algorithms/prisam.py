@@ -21,7 +21,7 @@ from lightning_dfl.federation.algorithms.gossip import parallel_plan
 from lightning_dfl.federation.context import RoundContext, TaskContext
 from lightning_dfl.federation.messages import Message
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.state import StateField
+from lightning_dfl.federation.store import StateField
 from lightning_dfl.grouping import GROUPING_METHODS, Grouping, compact, group_masks, nearest_labels
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.sparse.channels import (

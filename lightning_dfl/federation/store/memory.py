@@ -82,7 +82,7 @@ def check_store_device(value: Any) -> str:
 
 
 def fields_bytes(fields: Iterable[Any], template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int) -> int:
-    """The declared per-node fields (:class:`~lightning_dfl.federation.state.StateField`), as the store
+    """The declared per-node fields (:class:`~lightning_dfl.federation.store.fields.StateField`), as the store
     allocates them: one tensor per floating entry (``like="weights"``) or per masked one (``like="mask"``), else
     one of ``shape``; two slots when published."""
     total = 0

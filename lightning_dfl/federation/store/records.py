@@ -3,7 +3,7 @@
 A record holds a node's published model as the active values of each masked parameter, its mask as
 packed bits (:func:`pack_bits`: 8 entries per byte, little-endian within a byte), the signs of its
 inactive zeros where some are ``-0.0``, and its other parameters dense. The compact store
-(:mod:`~lightning_dfl.federation.compact_state`) keeps its nodes this way; a saved compact store
+(:mod:`~lightning_dfl.federation.store.compact`) keeps its nodes this way; a saved compact store
 expands into the dense store's layout (:func:`dense_state_dict`) and gives any node's weights
 (:func:`checkpoint_weights`) without either store class: both stores, the checkpoints and ``export``
 use this module, which imports neither.

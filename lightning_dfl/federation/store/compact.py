@@ -1,10 +1,10 @@
-"""A compact client store (``FederatedTrainer(store="compact")``): active values plus packed mask bits.
+"""The compact client store (``FederatedTrainer(store="compact")``): active values plus packed mask bits.
 
-:class:`~lightning_dfl.federation.state.ClientStore` keeps, per node, two dense slots of every weight
+:class:`~lightning_dfl.federation.store.dense.DenseClientStore` keeps, per node, two dense slots of every weight
 and two bool published masks plus a bool current mask: 100 CIFAR ResNet18 clients take 11.44 GiB.
 :class:`CompactClientStore` has the same API and gives bit-identical results, but keeps
 
-* each node's published model as a *record*: for a masked parameter its values at the published mask's
+* each node's published model as a *record* (the codec: :mod:`~lightning_dfl.federation.store.records`): for a masked parameter its values at the published mask's
   active positions (flattened order) and the mask packed 8 bits a byte; the sign of the zeros outside
   the mask, 1 bit per inactive entry, only when one of them is ``-0.0`` (the engine zeroes pruned
   weights with :func:`~lightning_dfl.sparse.masks.zero_inactive_`, which leaves ``+0.0``; a bare
@@ -20,8 +20,8 @@ and two bool published masks plus a bool current mask: 100 CIFAR ResNet18 client
   (:attr:`~lightning_dfl.federation.algorithms.base.Algorithm.reads_only_sources`) the executor frees
   the old record after its last reader (:meth:`~CompactClientStore.release_start`); reading it
   afterwards raises.
-* the declared fields (:class:`~lightning_dfl.federation.state.StateField`) as the dense store does,
-  two slots for published ones: :meth:`~CompactClientStore.read` returns views that callers write in
+* the declared fields (:class:`~lightning_dfl.federation.store.fields.StateField`) as the dense store does
+  (both keep them in :class:`~lightning_dfl.federation.store.protocol.ClientStore`), two slots for published ones: :meth:`~CompactClientStore.read` returns views that callers write in
   place (the executor's kept optimizer state, ``trainer.client_state(k)``).
 
 :meth:`~CompactClientStore.published`, :meth:`~CompactClientStore.gather` and
@@ -48,7 +48,9 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.deferred import host_reads_are_cheap
-from lightning_dfl.federation.compact_records import (
+from lightning_dfl.federation.store.fields import StateField
+from lightning_dfl.federation.store.protocol import ClientStore
+from lightning_dfl.federation.store.records import (
     FORMAT,
     INT_VIEWS,
     bit_range,
@@ -60,23 +62,10 @@ from lightning_dfl.federation.compact_records import (
     signed_zeros,
     unpack_bits,
 )
-from lightning_dfl.federation.state import ClientStore, StateField
 from lightning_dfl.sparse.masks import Masks, sums_by_part, zero_inactive_all_
 from lightning_dfl.transfers import copy_all_
 
-#: the client store backends of ``FederatedTrainer(store=...)``
-STORE_KINDS = ("dense", "compact")
-
-
-def check_store_kind(value: Any) -> str:
-    """``value`` if it names a store backend, else ``ValueError`` naming the allowed values."""
-    if value not in STORE_KINDS:
-        raise ValueError(f"store must be one of {', '.join(repr(k) for k in STORE_KINDS)}, got {value!r}")
-    return value
-
-
-def store_class(kind: str) -> type[ClientStore]:
-    return CompactClientStore if check_store_kind(kind) == "compact" else ClientStore
+__all__ = ["TRIM_EVERY_BYTES", "CompactClientStore", "release_heap"]
 
 
 # -- bits -------------------------------------------------------------------------------------------
@@ -140,21 +129,18 @@ def _unpack_together(bits: Mapping[str, Tensor], order: list[str]) -> tuple[Tens
 
 
 class CompactClientStore(ClientStore):
-    """:class:`~lightning_dfl.federation.state.ClientStore`'s API over compact records (see the module
-    docstring). Same arguments (``pin_memory`` pins the fields only)."""
+    """:class:`~lightning_dfl.federation.store.protocol.ClientStore` over compact records (see the module
+    docstring); its arguments (``pin_memory`` pins the fields only)."""
 
     def __init__(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
                  device: torch.device | str = "cpu", fields: Iterable[StateField] = (),
                  pin_memory: bool = False) -> None:
-        self._init_layout(template, masked_names, num_nodes, device, pin_memory)
+        super().__init__(template, masked_names, num_nodes, device, fields, pin_memory)
         self._masked = set(masked_names)
         self.shapes = {n: tuple(t.shape) for n, t in template.items()}
         self.dtypes = {n: t.dtype for n, t in template.items()}
         self.numels = {n: t.numel() for n, t in template.items()}
         self.unmasked_size = sum(t.numel() for n, t in template.items() if n not in self._masked)
-        # the fields' slots (two per published field, as in the dense store); the records have none
-        self.slot = torch.zeros(num_nodes, dtype=torch.long)
-        self._written: set[int] = set()
         # before initialize(): zero weights, all-true masks and no active values, as the dense store
         blank = {"values": {n: torch.zeros(self.numels[n], dtype=self.dtypes[n], device=self.device)
                             for n in self.names},
@@ -167,10 +153,6 @@ class CompactClientStore(ClientStore):
         self._incoming: dict[int, tuple[dict[str, Tensor], ...]] = {}  # task_views' buffers (sharding)
         self._churn = 0  # bytes of temporaries since the heap was last trimmed (release_heap)
         self.current_bits: list[dict[str, Tensor]] = [blank["bits"]] * num_nodes  # the masks trained with next
-        self.field_specs: dict[str, StateField] = {}
-        self.fields: dict[str, dict[str, Tensor]] = {}
-        for spec in fields:
-            self.declare(spec, template)
 
     # -- records ------------------------------------------------------------------------
     def _copies(self, values: Mapping[str, Tensor | float | bool], names: list[str],
@@ -324,13 +306,12 @@ class CompactClientStore(ClientStore):
         if node in self.fresh_records:
             self.records[node] = None
 
-    # -- slots --------------------------------------------------------------------------
-    def end_round(self) -> None:
-        """Make this round's published models the current ones (the replaced records are freed)."""
+    # -- the round ----------------------------------------------------------------------
+    def _commit_round(self) -> None:
+        """This round's published records become the start-of-round ones (the replaced records are freed)."""
         for node, record in self.fresh_records.items():
             self.records[node] = record
         self.fresh_records.clear()
-        super().end_round()
         if self.device.type == "cpu":  # the replaced records' pages
             self._churn = 0
             release_heap()
@@ -371,9 +352,9 @@ class CompactClientStore(ClientStore):
 
     # -- processes sharing a federation (sharding) --------------------------------------
     def task_views(self, node: int) -> list[Tensor]:
-        """The dense store's :meth:`~ClientStore.task_views`, as dense buffers: the owner's are rebuilt
-        from what its task published (read for the broadcast); another process gets empty buffers, filled
-        by the broadcast and compressed by :meth:`mark_published`. Fields are the store's own views."""
+        """:meth:`~lightning_dfl.federation.store.protocol.ClientStore.task_views` as dense buffers: the owner's
+        are rebuilt from what its task published (read for the broadcast); another process gets empty buffers,
+        filled by the broadcast and compressed by :meth:`mark_published`. Fields are the store's own views."""
         if node in self._written:
             weights, masks = self.published(node, fresh=True)
             current = self.mask(node)
@@ -384,13 +365,10 @@ class CompactClientStore(ClientStore):
             current = {n: torch.empty(self.shapes[n], dtype=torch.bool, device=self.device) for n in self.masked_names}
             active = torch.zeros(1, dtype=torch.long, device=self.device)
             self._incoming[node] = (weights, masks, current, active)
-        slot = 1 - int(self.slot[node])
         views = [weights[n] for n in self.names]
         views += [masks[n] for n in self.masked_names]
         views += [active, *(current[n] for n in self.masked_names)]
-        for name, spec in self.field_specs.items():
-            views += [t[slot, node] if spec.published else t[node] for t in self.fields[name].values()]
-        return views
+        return views + self._field_views(node)
 
     @torch.no_grad()
     def mark_published(self, node: int) -> None:
@@ -407,7 +385,7 @@ class CompactClientStore(ClientStore):
 
     # -- many nodes read in column blocks ------------------------------------------------
     def column_blocks(self, nodes: Sequence[int], name: str, mask: bool, step: int) -> Iterator[tuple[int, Tensor]]:
-        """:meth:`ClientStore.column_blocks <lightning_dfl.federation.state.ClientStore.column_blocks>`: the
+        """:meth:`ClientStore.column_blocks <lightning_dfl.federation.store.protocol.ClientStore.column_blocks>`: the
         blocks decoded from the nodes' current records (:meth:`_column_block`), never a node's whole model. The
         records are looked up once per call, not once per block."""
         records = [self._start(k) for k in nodes]  # the current published models: the start-of-round records
@@ -506,8 +484,7 @@ class CompactClientStore(ClientStore):
     def state_dict(self) -> dict[str, Any]:
         """The records as they are, on the CPU (for checkpoints; a saved record's tensors keep their
         sharing, also when copied from another device); call between rounds."""
-        if self._written:
-            raise RuntimeError("the store can be saved between rounds only")
+        self._check_between_rounds()
         records, current_bits = list(self.records), list(self.current_bits)
         fields = {name: dict(parts) for name, parts in self.fields.items()}
         if self.device.type != "cpu":
@@ -619,8 +596,7 @@ class CompactClientStore(ClientStore):
 
     def nbytes(self) -> int:
         """Memory held by the store's tensors (each shared storage once)."""
-        fields = [t for parts in self.fields.values() for t in parts.values()]
-        return _storages(self._tensors()) + sum(t.numel() * t.element_size() for t in fields)
+        return _storages(self._tensors()) + self._fields.nbytes()
 
     def breakdown(self) -> dict[str, int]:
         """:meth:`nbytes` by kind: active values, dense-kept tensors, published mask bits, zero signs,
@@ -646,10 +622,5 @@ class CompactClientStore(ClientStore):
         for bits in self.current_bits:
             for b in bits.values():
                 add("current_mask_bits", b)
-        out["fields"] = sum(t.numel() * t.element_size() for parts in self.fields.values() for t in parts.values())
+        out["fields"] = self._fields.nbytes()
         return out
-
-
-# -- checkpoints read without a store ---------------------------------------------------------------
-
-

@@ -1,6 +1,7 @@
 """The client store of a run, built when ``fit`` sets up: the fields it declares (the algorithm's, the
-kept optimizer state, the callbacks'), its backend and device (checked to fit before anything is
-allocated), and every node's initial model and mask.
+kept optimizer state, the callbacks'), its backend (``store="dense"`` or ``"compact"``, :func:`store_class`)
+and device (checked to fit before anything is allocated, :mod:`~lightning_dfl.federation.store.memory`), and
+every node's initial model and mask.
 """
 
 from __future__ import annotations
@@ -14,14 +15,32 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
-from lightning_dfl.federation.compact_state import store_class
 from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED
-from lightning_dfl.federation.state import ClientStore, StateField
-from lightning_dfl.federation.store_memory import check_store_fits, pin_store_memory, resolve_store_device, store_bytes
+from lightning_dfl.federation.store.compact import CompactClientStore
+from lightning_dfl.federation.store.dense import DenseClientStore
+from lightning_dfl.federation.store.fields import StateField
+from lightning_dfl.federation.store.memory import check_store_fits, pin_store_memory, resolve_store_device, store_bytes
+from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.sparse.masks import Masks
 
-__all__ = ["MASK_THREADS", "build_store", "initial_masks", "state_fields"]
+__all__ = ["MASK_THREADS", "STORE_KINDS", "build_store", "check_store_kind", "initial_masks", "state_fields",
+           "store_class"]
+
+#: the client store backends of ``FederatedTrainer(store=...)``
+STORE_KINDS = ("dense", "compact")
+
+
+def check_store_kind(value: Any) -> str:
+    """``value`` if it names a store backend, else ``ValueError`` naming the allowed values."""
+    if value not in STORE_KINDS:
+        raise ValueError(f"store must be one of {', '.join(repr(k) for k in STORE_KINDS)}, got {value!r}")
+    return value
+
+
+def store_class(kind: str) -> type[ClientStore]:
+    """The store class of a backend named by ``FederatedTrainer(store=...)``."""
+    return CompactClientStore if check_store_kind(kind) == "compact" else DenseClientStore
 
 #: threads that draw the clients' initial masks at set-up (``torch.randperm`` of a large layer is serial)
 MASK_THREADS = 8

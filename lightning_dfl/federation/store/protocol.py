@@ -1,0 +1,282 @@
+"""What a client store is (:class:`ClientStore`), with the logic both stores share.
+
+A store keeps what every node (client, or the server of a centralized baseline) publishes: its weights
+and the mask they were trained with, plus the node's *current mask* (the one it trains with next) and the
+declared per-node fields (:mod:`~lightning_dfl.federation.store.fields`). Readers within a round may need
+the model a node published at the start of the round (a snapshot) or the one it publishes in this round
+(DA-DPFL's reuse, PSFL's chains, FedAvg's server).
+
+:class:`ClientStore` is an abstract base: it holds no model. It owns what does not depend on how a model
+is kept: the node names and device, the checks of the arguments, the per-node slot pointers of the
+published fields and which nodes have written this round, the declared fields, the round's start-of-round
+reads (:class:`~lightning_dfl.federation.start_reads.StartReads`), and the checks of a checkpoint's fields.
+Its two implementations keep the models: :class:`~lightning_dfl.federation.store.dense.DenseClientStore`
+(``FederatedTrainer(store="dense")``, two dense slots per node) and
+:class:`~lightning_dfl.federation.store.compact.CompactClientStore` (``store="compact"``, one record of
+active values and packed mask bits per node); neither subclasses the other, and they give the same results.
+
+The store lives on one device (``store.device``: the CPU, or the worker's GPU; see
+:func:`~lightning_dfl.federation.store.memory.resolve_store_device`). Every tensor given to it (weights,
+masks, field values, a checkpoint's tensors) may be on any device and is copied onto the store's where it
+enters; what it hands out (views, rebuilt tensors) is on the store's device; its ``state_dict`` holds CPU
+tensors. A CPU store serving a GPU worker may be pinned (``pin_memory``): its copies from and to the worker
+then run asynchronously (:func:`~lightning_dfl.transfers.copy_all_`), each finished when the store's method
+returns.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from lightning_dfl.federation.start_reads import StartReads
+from lightning_dfl.federation.store.fields import ClientState, DeclaredFields, StateField
+from lightning_dfl.sparse.masks import Masks
+
+if TYPE_CHECKING:
+    from lightning_dfl.federation.plan import RoundPlan, Task
+
+__all__ = ["ClientStore", "FieldPairs"]
+
+#: a checkpoint's tensors paired with a store's, by what they are: ``(what, mine, theirs)``
+FieldPairs = list[tuple[str, dict[str, Tensor], Mapping[str, Tensor]]]
+
+
+class ClientStore(ABC):
+    """Published models of ``num_nodes`` nodes sharing one architecture (abstract: see the module docstring).
+
+    Args:
+        template: the worker's parameters and buffers by name (shapes and dtypes).
+        masked_names: the names that carry a mask (a subset of ``template``).
+        num_nodes: clients plus servers.
+        device: where the store's tensors live (CPU by default).
+        fields: per-node values declared by the algorithm and the callbacks.
+        pin_memory: a CPU store's tensors are allocated in pinned memory (for a GPU worker: asynchronous
+            copies); ignored on another device.
+    """
+
+    def __init__(self, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
+                 device: torch.device | str = "cpu", fields: Iterable[StateField] = (),
+                 pin_memory: bool = False) -> None:
+        unknown = sorted(set(masked_names) - set(template))
+        if unknown:
+            raise ValueError(f"masked names not in the template: {unknown}")
+        self.num_nodes = num_nodes
+        self.device = torch.device(device)
+        #: whether the store's preallocated tensors are in pinned host memory
+        self.pin_memory = bool(pin_memory) and self.device.type == "cpu"
+        self.names = list(template)
+        self.masked_names = list(masked_names)
+        #: per node, the slot of its current published fields (and of the dense store's models)
+        self.slot = torch.zeros(num_nodes, dtype=torch.long)
+        self._written: set[int] = set()  # the nodes that published in this round
+        self._reads: StartReads | None = None  # the running plan's reads of start-of-round models
+        self._fields = DeclaredFields(num_nodes, self.masked_names, self._where())
+        for spec in fields:
+            self.declare(spec, template)
+
+    def _where(self) -> dict[str, Any]:
+        """The factory arguments of the store's preallocated tensors: its device, pinned if asked."""
+        return {"device": self.device, "pin_memory": True} if self.pin_memory else {"device": self.device}
+
+    def _cpu(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """``tensors`` for a checkpoint: themselves on the CPU, else copied to it."""
+        if self.device.type == "cpu":
+            return dict(tensors)
+        return {n: t.cpu() for n, t in tensors.items()}
+
+    # -- declared fields ----------------------------------------------------------------
+    @property
+    def fields(self) -> dict[str, dict[str, Tensor]]:
+        """The declared fields' tensors by name, then by part (:class:`~.fields.DeclaredFields`)."""
+        return self._fields.tensors
+
+    @property
+    def field_specs(self) -> dict[str, StateField]:
+        return self._fields.specs
+
+    def declare(self, spec: StateField, template: Mapping[str, Tensor]) -> None:
+        """Allocate a declared field for every node, filled with ``spec.fill``."""
+        self._fields.declare(spec, template)
+
+    def read(self, node: int, name: str, fresh: bool = False) -> Tensor | dict[str, Tensor]:
+        """A view of ``node``'s field ``name`` (a tensor, or a dict by parameter for ``like`` fields);
+        a published field reads the start-of-round value, or this round's if ``fresh``."""
+        slot = self._slot(node, fresh) if self._fields.is_published(name) else None
+        return self._fields.read(node, name, slot)
+
+    @torch.no_grad()
+    def write(self, node: int, name: str, value: Tensor | float | Mapping[str, Tensor]) -> None:
+        """Set ``node``'s private field ``name`` (published fields are written by :meth:`publish`)."""
+        self._fields.write(node, name, value)
+
+    # -- slots and the round ------------------------------------------------------------
+    def _slot(self, node: int, fresh: bool) -> int:
+        """The slot of ``node``'s start-of-round published fields, or this round's if ``fresh`` (which it
+        must have published)."""
+        current = int(self.slot[node])
+        if not fresh:
+            return current
+        if node not in self._written:
+            raise RuntimeError(f"node {node}'s model of this round was read before it was published")
+        return 1 - current
+
+    def begin_round(self, plan: RoundPlan | None) -> None:
+        """A plan starts: with ``plan`` the store follows its reads of start-of-round models
+        (:class:`~lightning_dfl.federation.start_reads.StartReads`) and calls :meth:`release_start` for each
+        node once no task will read its start-of-round model again; ``None`` (an algorithm that reads models
+        other than its plan's sources, see
+        :attr:`~lightning_dfl.federation.algorithms.base.Algorithm.reads_only_sources`): nothing is released."""
+        self._reads = StartReads(plan, self.release_start) if plan is not None else None
+
+    def task_started(self, task: Task) -> None:
+        """``task`` has read its sources (its messages are built)."""
+        if self._reads is not None:
+            self._reads.started(task)
+
+    def task_finished(self, task: Task) -> None:
+        """``task`` has ended (its node has published, or it was contained)."""
+        if self._reads is not None:
+            self._reads.finished(task)
+
+    def end_round(self) -> None:
+        """Make this round's published models the current ones (:meth:`_commit_round`), and the published
+        fields' slots of the nodes that wrote."""
+        self._reads = None
+        self._commit_round()
+        for node in self._written:
+            self.slot[node] = 1 - self.slot[node]
+        self._written.clear()
+
+    def _check_publish(self, node: int, fields: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The published fields given to :meth:`publish`, checked (once per round, published fields only)."""
+        if node in self._written:
+            raise RuntimeError(f"node {node} published twice in one round")
+        fields = dict(fields or {})
+        self._fields.check_published(fields)
+        return fields
+
+    def _publish_fields(self, node: int, fields: Mapping[str, Any]) -> None:
+        """Write ``node``'s published fields into its other slot (those not given keep their value) and
+        mark it written."""
+        current = int(self.slot[node])
+        self._fields.publish(node, 1 - current, current, fields)
+        self._written.add(node)
+
+    def _field_views(self, node: int) -> list[Tensor]:
+        """:meth:`task_views`' part of the fields: the slot ``node`` publishes into, its private fields."""
+        return self._fields.views(node, 1 - int(self.slot[node]))
+
+    def state(self, node: int) -> ClientState:
+        """A detached copy of one node's state (for checkpoints and inspection)."""
+        weights, published_mask = self.published(node)
+
+        def copy(value: Tensor | dict[str, Tensor]) -> Tensor | dict[str, Tensor]:
+            if isinstance(value, dict):
+                return {n: t.detach().cpu().clone() for n, t in value.items()}
+            return value.detach().cpu().clone()
+
+        return ClientState(
+            weights=copy(weights),
+            published_mask=copy(published_mask),
+            mask=copy(self.mask(node)),
+            extras={name: copy(self.read(node, name)) for name in self.fields},
+        )
+
+    # -- checkpoints --------------------------------------------------------------------
+    def _check_between_rounds(self) -> None:
+        if self._written:
+            raise RuntimeError("the store can be saved between rounds only")
+
+    def _field_pairs(self, state: Mapping[str, Any]) -> FieldPairs:
+        """A checkpoint's fields paired with the store's (the same names, or ``ValueError``)."""
+        theirs_fields = state.get("fields", {})
+        if set(theirs_fields) != set(self.fields):
+            raise ValueError(f"the checkpoint's state fields {sorted(theirs_fields)} differ from this run's "
+                             f"{sorted(self.fields)}")
+        return [(f"field {name!r}", self.fields[name], theirs_fields[name]) for name in self.fields]
+
+    @staticmethod
+    def _check_pairs(pairs: FieldPairs) -> None:
+        """``ValueError`` unless each pair holds the same names with the same shapes."""
+        for key, mine, theirs in pairs:
+            if set(mine) != set(theirs) or any(mine[n].shape != theirs[n].shape for n in mine):
+                raise ValueError(f"the checkpoint's {key} do not fit this store: it has "
+                                 f"{ {n: tuple(t.shape) for n, t in theirs.items()} }, the store "
+                                 f"{ {n: tuple(t.shape) for n, t in mine.items()} }")
+
+    # -- what each store implements -----------------------------------------------------
+    @abstractmethod
+    def release_start(self, node: int) -> None:
+        """Say that ``node``'s start-of-round model will not be read again in this round (called through
+        :meth:`begin_round`'s tracking)."""
+
+    @abstractmethod
+    def _commit_round(self) -> None:
+        """:meth:`end_round`'s part of the models: this round's published ones become the current ones."""
+
+    @abstractmethod
+    def initialize(self, node: int, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None) -> None:
+        """Set a node's current model and mask before the first round (the weights times the mask)."""
+
+    @abstractmethod
+    def publish(self, node: int, weights: Mapping[str, Tensor], mask: Mapping[str, Tensor] | None,
+                fields: Mapping[str, Tensor | float | Mapping[str, Tensor]] | None = None) -> None:
+        """Write the model ``node`` publishes in this round (weights and the mask trained with) and
+        its published fields (those not given keep their start-of-round value)."""
+
+    @abstractmethod
+    def set_mask(self, node: int, mask: Mapping[str, Tensor]) -> None:
+        """Set the mask ``node`` trains with next."""
+
+    @abstractmethod
+    def task_views(self, node: int) -> list[Tensor]:
+        """Tensors holding everything ``node``'s task writes this round, in a fixed order: its published
+        weights, mask and value count, its current mask and its fields. Processes that share a federation
+        (:mod:`~lightning_dfl.federation.sharding`) copy these from the task's owner."""
+
+    @abstractmethod
+    def mark_published(self, node: int) -> None:
+        """Record that ``node`` published this round (its :meth:`task_views` were copied from another process)."""
+
+    @abstractmethod
+    def column_blocks(self, nodes: Sequence[int], name: str, mask: bool, step: int) -> Iterator[tuple[int, Tensor]]:
+        """The nodes' current published ``name`` (its mask when ``mask``), flattened, in column blocks of ``step``
+        entries: ``(start, block)`` with ``block`` a ``(len(nodes), width)`` copy, so that readers of many nodes
+        (the diagnostics) never hold every node's whole model at once. Both stores give the same blocks."""
+
+    @abstractmethod
+    def mask(self, node: int) -> Masks:
+        """``node``'s current mask."""
+
+    @abstractmethod
+    def published(self, node: int, fresh: bool = False) -> tuple[dict[str, Tensor], Masks]:
+        """A node's published weights and mask (start of round, or this round's if ``fresh``); read-only."""
+
+    @abstractmethod
+    def gather(self, sources: list[tuple[int, bool]]) -> tuple[dict[str, list[Tensor]], dict[str, list[Tensor]]]:
+        """Several ``(node, fresh)`` sources' weights and published masks, by name."""
+
+    @abstractmethod
+    def active_values(self, node: int, fresh: bool = False) -> int:
+        """Values a node's published model sends: active masked entries plus all unmasked entries."""
+
+    @abstractmethod
+    def masked_size(self) -> int:
+        """Entries under a mask (one bit each when a mask is sent)."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the store holds, on the CPU (for checkpoints); call between rounds."""
+
+    @abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` of either store into this one."""
+
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Memory held by the store's tensors."""
