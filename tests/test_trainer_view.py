@@ -40,8 +40,7 @@ def test_state_is_lightnings_trainer_state_and_the_engine_record_is_federation(t
         trainer.roundz  # noqa: B018
 
 
-def test_the_earlier_name_of_topology_algorithm_still_imports_with_a_deprecation_warning():
-    from lightning_dfl.federation import algorithms
+def test_the_earlier_name_of_topology_algorithm_still_imports():
+    from lightning_dfl.federation.algorithms import GossipAlgorithm, TopologyAlgorithm
 
-    with pytest.warns(DeprecationWarning, match="GossipAlgorithm is now TopologyAlgorithm"):
-        assert algorithms.GossipAlgorithm is algorithms.TopologyAlgorithm
+    assert GossipAlgorithm is TopologyAlgorithm

@@ -30,14 +30,6 @@ ALGORITHMS: Registry = Registry("algorithm", [(cls.name, cls) for cls in _ALL])
 __all__ = ["ALGORITHMS", "Algorithm", "BEER", "DADPFL", "DFedAvgM", "DFedSAM", "DPSGD", "DPSGDFT", "DisPFL", "Ditto", "FedAvg",
            "FedAvgFT", "FedDST", "FedFomo", "TopologyAlgorithm", "GossipFL", "Local", "PRISAM", "PSFL", "RoundContext", "SubFedAvg", "TaskContext"]
 
-
-def __getattr__(name: str):
-    """``GossipAlgorithm``, the earlier name of :class:`TopologyAlgorithm` (it means "has a topology": DisPFL and
-    Local derive from it, gossip or not), with a deprecation warning."""
-    if name == "GossipAlgorithm":
-        import warnings
-
-        warnings.warn("GossipAlgorithm is now TopologyAlgorithm (the base of every algorithm with a topology); the "
-                      "old name will be removed", DeprecationWarning, stacklevel=2)
-        return TopologyAlgorithm
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: the earlier name of :class:`TopologyAlgorithm` (it means "has a topology": DisPFL and Local derive from it), kept
+#: so that user code written against it runs; new code names ``TopologyAlgorithm``
+GossipAlgorithm = TopologyAlgorithm
