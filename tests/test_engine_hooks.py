@@ -1,5 +1,6 @@
 """The engine's extension points: declared store fields and the algorithm hooks, each in a run."""
 
+import gc
 import math
 import re
 import warnings
@@ -74,9 +75,25 @@ def _readme_block(marker: str) -> str:
 
 
 def test_readme_ditto_keeps_a_personal_model_trained_with_a_proximal_term():
+    """The example's ``Ditto`` is a second Algorithm subclass of that name while it lives: it is dropped at the end
+    (collected), so that the command line's ``--trainer.algorithm.help=Ditto`` in later tests names one class."""
     namespace = {}
     exec(_readme_block("class Ditto"), namespace)
-    Ditto = namespace["Ditto"]
+    try:
+        _check_ditto(namespace["Ditto"])
+    finally:
+        namespace.clear()
+        gc.collect()
+    from lightning_dfl.federation.algorithms import Algorithm
+
+    assert [c for c in _subclasses(Algorithm) if c.__name__ == "Ditto" and c.__module__ == "builtins"] == []
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+
+
+def _check_ditto(Ditto: type) -> None:  # noqa: N803 (the example's class)
     trainer = _run(Ditto(num_neighbors=2, lam=0.1), rounds=2)
     store = trainer.store
     personal = [store.read(k, "ditto/personal") for k in range(5)]
@@ -396,3 +413,18 @@ def test_staged_field_writes_are_committed_with_the_update_and_contained_with_it
     assert store.read(2, "probe/bad").item() == 0.0  # the infinite write never reached the store
     assert trainer.history[1]["faults/nonfinite_clients"] == 1.0  # its task was contained, its sender named
     assert trainer.history[2]["faults/nonfinite_clients"] == 0.0
+
+
+def test_a_callbacks_client_end_runs_with_autograd_as_in_a_plain_trainer():
+    """``on_client_end`` (a mask search may take a gradient, as RigL's regrowth does) runs with autograd enabled, as
+    Lightning's hooks do, whichever way the task's ending was chosen."""
+    seen = []
+
+    class GradAtEnd(FederatedCallback):
+        def on_client_end(self, trainer, pl_module, client_id):
+            seen.append(torch.is_grad_enabled())
+
+    trainer = FederatedTrainer(algorithm=Local(), rounds=1, local_epochs=1, logger=False, enable_progress_bar=False,
+                               accelerator="cpu", callbacks=[GradAtEnd()])
+    trainer.fit(SparseClassifier(arch="cnn_digits", density=0.5), FederatedDataModule(num_clients=3))
+    assert seen == [True, True, True]

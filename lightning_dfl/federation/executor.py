@@ -179,7 +179,6 @@ class SerialExecutor:
             return False
         return True
 
-    @torch.no_grad()
     def _publish(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting, evaluate: bool,
                  ok: bool | Tensor, fields: dict[str, Any] | None) -> None:
         """A task's one ending. Its outcome where ``ok``: the trained model and mask with ``fields`` and the task's
@@ -199,9 +198,10 @@ class SerialExecutor:
                 self.load(own)
                 module.mask.load_(kept_mask, apply=False)
                 published_mask = own_mask
-            else:
-                for name, value in self._select(ok, t.worker, own).items():
-                    t.worker[name].copy_(value)
+            else:  # the callbacks' search below runs with autograd as after a read (RigL's gradient regrowth)
+                with torch.no_grad():
+                    for name, value in self._select(ok, t.worker, own).items():
+                        t.worker[name].copy_(value)
                 module.mask.load_(self._select(ok, module.mask.masks, kept_mask), apply=False)
                 published_mask = self._select(ok, module.mask.masks, own_mask)
         if evaluate:  # the model the node publishes (pruned, if a callback pruned; or restored)
