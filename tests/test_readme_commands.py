@@ -6,6 +6,7 @@ and the README's own algorithm runs from the command line as its "Running it" sa
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import re
@@ -300,7 +301,12 @@ def test_python_example_runs_as_printed(page, line, block, tmp_path, monkeypatch
         pytest.skip("run by a dedicated test of its section")
     (tmp_path / "configs").symlink_to(REPO / "configs", target_is_directory=True)
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, f"{page.name}:{line}", "exec"), {"__name__": "__main__"})
+    namespace = {"__name__": "__main__"}
+    try:
+        exec(compile(block, f"{page.name}:{line}", "exec"), namespace)
+    finally:  # an example's classes (docs' Ditto) must not outlive it: the CLI would see two Algorithm subclasses
+        namespace.clear()
+        gc.collect()
 
 
 def test_the_readme_algorithm_runs_from_python_and_the_command_line(tmp_path):
