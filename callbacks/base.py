@@ -61,6 +61,16 @@ def defined_hooks(callback: Any, hooks: tuple[str, ...]) -> list[str]:
     return [h for h in hooks if getattr(type(callback), h, None) not in (None, *(getattr(d, h, None) for d in defaults))]
 
 
+#: what a callback implements so that what it counts in a task can be moved between processes (sharding) and
+#: taken back when the task is discarded (:mod:`lightning_dfl.federation.sharding`)
+SHARD_PROTOCOL = ("shard_snapshot", "shard_delta", "shard_rollback", "shard_apply")
+
+
+def speaks_shard_protocol(obj: Any) -> bool:
+    """Whether ``obj`` implements every method of :data:`SHARD_PROTOCOL`."""
+    return all(callable(getattr(obj, name, None)) for name in SHARD_PROTOCOL)
+
+
 def federated_batch_hooks(callback: Any, hooks: tuple[str, ...]) -> list[str]:
     """The ``hooks`` (batch hooks) that ``callback`` acts in within a federation: those its class defines
     (:func:`defined_hooks`), less those it declares idle there (its ``federated_batch_hooks``: the ones it uses

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_dfl.callbacks.base import defined_hooks
+from lightning_dfl.callbacks.base import defined_hooks, speaks_shard_protocol
 from lightning_dfl.deferred import accumulator_dtype, host_reads_are_cheap
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import TaskContext
@@ -305,7 +305,7 @@ class SerialExecutor:
         on an accelerator, when nothing but the model, its mask and the next mask depends on the check (no staged
         field writes or kept optimizer state, no published fields, no per-client report, no callback that
         changes the trained model, and mask searches whose counts can be taken back: callbacks that speak the
-        sharding protocol, ``shard_snapshot``/``shard_delta``/``shard_apply``), with the store on the worker's
+        sharding protocol: :func:`~lightning_dfl.callbacks.base.speaks_shard_protocol`), with the store on the worker's
         device (a store in host memory would upload the start-of-round model to select from)."""
         from lightning_dfl.federation.algorithms.base import Algorithm
 
@@ -317,8 +317,7 @@ class SerialExecutor:
             return False
         if type(t.algorithm).publish_fields is not Algorithm.publish_fields or self._changes_after_training():
             return False
-        return all(all(callable(getattr(c, name, None)) for name in ("shard_snapshot", "shard_delta", "shard_apply"))
-                   for c in t.callbacks if defined_hooks(c, ("on_client_end",)))
+        return all(speaks_shard_protocol(c) for c in t.callbacks if defined_hooks(c, ("on_client_end",)))
 
     @torch.no_grad()
     def _select(self, ok: Tensor, new: dict[str, Tensor], old: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_dfl.callbacks.base import defined_hooks
+from lightning_dfl.callbacks.base import SHARD_PROTOCOL, defined_hooks, speaks_shard_protocol
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.executor import SerialExecutor
@@ -46,15 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = ["SHARD_PROTOCOL", "ShardedExecutor", "check_shardable"]
 
-#: the methods of the sharding protocol (see the module docstring)
-SHARD_PROTOCOL = ("shard_snapshot", "shard_delta", "shard_rollback", "shard_apply")
 #: callback hooks that run inside a client's task
 TASK_HOOKS = ("on_client_before_aggregation", "on_client_train_end", "on_client_end", "on_train_batch_start",
               "on_train_batch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step")
-
-
-def _speaks_protocol(obj: Any) -> bool:
-    return all(callable(getattr(obj, name, None)) for name in SHARD_PROTOCOL)
 
 
 def _opted_in(cls: type) -> bool:
@@ -90,7 +84,7 @@ def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:
                          f"or one of: {', '.join(able)}")
     for callback in callbacks:
         hooks = defined_hooks(callback, TASK_HOOKS)
-        if hooks and not _speaks_protocol(callback):
+        if hooks and not speaks_shard_protocol(callback):
             raise ValueError(f"callback {type(callback).__name__} changes state in task hooks ({', '.join(hooks)}) "
                              f"but does not implement the sharding protocol ({', '.join(SHARD_PROTOCOL)}; see "
                              "lightning_dfl.federation.sharding); use devices=1")
@@ -124,7 +118,7 @@ class ShardedExecutor(SerialExecutor):
 
     def _stateful(self) -> list[Any]:
         t = self.state
-        return [obj for obj in (t.algorithm, *t.callbacks) if _speaks_protocol(obj)]
+        return [obj for obj in (t.algorithm, *t.callbacks) if speaks_shard_protocol(obj)]
 
     def owner(self, position: int) -> int:
         """The process that runs the level's ``position``-th task."""
