@@ -65,8 +65,7 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
     datamodule.setup("fit")
     num_clients = datamodule.num_clients
     algorithm.validate(num_clients)
-    if clock.speeds is not None and len(clock.speeds) != num_clients:
-        raise ValueError(f"client_speeds has {len(clock.speeds)} entries for {num_clients} clients")
+    clock.setup(num_clients, algorithm.num_servers, settings.seed)  # refuses client_speeds of another length now
     model.build_for(datamodule)
     algorithm.setup(model, datamodule)
     if settings.cpu_threads is not None:
@@ -101,7 +100,6 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
     convert_input = input_converter(None if isinstance(plugin, MixedPrecision) else plugin.convert_input,
                                     memory_format)
     worker = {n: t for n, t in model.model.state_dict(keep_vars=False).items() if t.is_floating_point()}
-    clock.setup(num_clients, algorithm.num_servers, settings.seed)
     fields = state_fields(algorithm, callbacks, owner, model)
     store = build_store(settings.store, settings.store_device, worker, model, fields, num_clients,
                         num_clients + algorithm.num_servers, algorithm.personal_masks, settings.seed, fabric.device,
