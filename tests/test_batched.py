@@ -216,7 +216,8 @@ def test_batchnorm_without_momentum_dropout_and_other_buffers_are_refused():
 
     def check_batchable_run():
         state = trainer.federation
-        check_batchable(state.algorithm, state.module, state.optimizer, state.precision, state.callbacks)
+        check_batchable(state.algorithm, state.worker.module, state.worker.optimizer, state.spec.precision,
+                        state.callbacks)
 
     model.bn1.momentum = None
     with pytest.raises(ValueError, match="bn1 \\(BatchNorm2d\\) has momentum=None"):

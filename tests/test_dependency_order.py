@@ -69,7 +69,7 @@ class ShuffledExecutor(SerialExecutor):
         accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
         for task in order:
             self.run_task(task, accounting, evaluate, exchange)
-        self.state.current_client = None
+        self.state.progress.end_tasks()
         return accounting
 
 

@@ -68,7 +68,7 @@ class HostReads:
         def counted(executor, *args, **kwargs):
             store = executor.state.store
             self.host_storages = {t.untyped_storage().data_ptr() for t in (store.slot, getattr(store, "_active", store.slot))}
-            self.active = executor.state.current_round == 1
+            self.active = executor.state.progress.round_idx == 1
             try:
                 return method(executor, *args, **kwargs)
             finally:
@@ -125,7 +125,7 @@ def test_a_task_reads_the_device_a_fixed_few_times_whatever_its_batches(monkeypa
                            cuda_graphs=cuda_graphs, regrowth=regrowth)
         counts[batch_size] = reads
         if cuda_graphs:
-            assert trainer.federation.step_graphs.counts["replayed"] > 0
+            assert trainer.federation.worker.step_graphs.counts["replayed"] > 0
     few, many = counts[64], counts[8]
     assert few.total == many.total, (few.where, many.where)  # nothing per batch, nothing per layer
     assert sorted(where.split(":")[0] for (_, where), n in many.where.items() for _ in range(n)) == \

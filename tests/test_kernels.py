@@ -101,12 +101,12 @@ def test_benchmark_sets_cudnns_search_for_the_run_and_none_leaves_it(tmp_path, m
     left = FederatedTrainer(DisPFL(num_neighbors=2), rounds=1, local_epochs=1, accelerator="cpu", logger=False,
                             enable_progress_bar=False, default_root_dir=str(tmp_path / "none"))
     left.fit(model, dm)
-    assert torch.backends.cudnn.benchmark is False and "benchmark" not in left.federation.result_settings
+    assert torch.backends.cudnn.benchmark is False and "benchmark" not in left.federation.spec.result_settings
     on = FederatedTrainer(DisPFL(num_neighbors=2), rounds=1, local_epochs=1, accelerator="cpu", logger=False,
                           enable_progress_bar=False, default_root_dir=str(tmp_path / "on"), benchmark=True)
     on.fit(SparseClassifier("cnn_digits", density=0.5, seed=1), dm)
     assert torch.backends.cudnn.benchmark is True
-    assert on.federation.result_settings["benchmark"] is True  # in the checkpoint's identity: it may change rounding
+    assert on.federation.spec.result_settings["benchmark"] is True  # in the checkpoint's identity: it may change rounding
     assert on.history[0]["acc/personal_mean"] == left.history[0]["acc/personal_mean"]  # no cuDNN on a CPU
 
 

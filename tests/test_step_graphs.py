@@ -79,7 +79,7 @@ def test_replayed_steps_give_the_ordinary_steps_results_bit_for_bit(simulated, c
     ordinary = _fit(algorithm(), False, **case)
     graphed = _fit(algorithm(), True, **case)
     _assert_same_run(ordinary, graphed)
-    counts = graphed.federation.step_graphs.counts
+    counts = graphed.federation.worker.step_graphs.counts
     assert counts["captured"] >= 1 and counts["replayed"] > counts["ordinary"], counts
 
 
@@ -90,8 +90,8 @@ def test_each_shape_is_captured_once_per_run_whatever_the_rate_and_momentum(simu
     once in the run, and every other step is replayed."""
     with caplog.at_level("INFO"):
         trainer = _fit(DisPFL(num_neighbors=2), True, rounds=3, local_epochs=3, momentum=momentum)
-    counts = trainer.federation.step_graphs.counts
-    shapes = len(trainer.federation.step_graphs._seen)
+    counts = trainer.federation.worker.step_graphs.counts
+    shapes = len(trainer.federation.worker.step_graphs._seen)
     assert shapes >= 3
     assert counts["captured"] == shapes
     assert counts["ordinary"] == 2 * shapes
@@ -108,7 +108,7 @@ def test_a_run_resumed_with_graphs_finishes_as_the_straight_run_without(simulate
     resumed = _fit(DisPFL(num_neighbors=2), True, rounds=3, local_epochs=1, default_root_dir=str(tmp_path),
                    ckpt_path=next(tmp_path.rglob("last.ckpt")))
     _assert_same_run(straight, resumed)
-    assert resumed.federation.step_graphs.counts["replayed"] > 0
+    assert resumed.federation.worker.step_graphs.counts["replayed"] > 0
 
 
 class _GradientNorms(FederatedCallback):
@@ -127,7 +127,7 @@ def test_after_a_replayed_step_the_gradients_are_that_steps(simulated):
     ordinary, graphed = _GradientNorms(), _GradientNorms()
     _fit(DisPFL(num_neighbors=2), False, callbacks=[ordinary])
     trainer = _fit(DisPFL(num_neighbors=2), True, callbacks=[graphed])
-    assert trainer.federation.step_graphs.counts["replayed"] > 10 and len(trainer.federation.step_graphs._seen) > 2
+    assert trainer.federation.worker.step_graphs.counts["replayed"] > 10 and len(trainer.federation.worker.step_graphs._seen) > 2
     assert len(ordinary.norms) == len(graphed.norms)
     assert all(torch.equal(a, b) for a, b in zip(ordinary.norms, graphed.norms))
 
@@ -149,7 +149,7 @@ def test_a_capture_that_fails_is_reported_and_the_run_goes_on_with_ordinary_step
                                          r"device on the host.*\); the run goes on with ordinary steps"):
         graphed = _fit(DisPFL(num_neighbors=2), True, callbacks=[_ReadsTheDevice()])
     _assert_same_run(ordinary, graphed)
-    graphs = graphed.federation.step_graphs
+    graphs = graphed.federation.worker.step_graphs
     assert graphs.failed and graphs.counts["captured"] == graphs.counts["replayed"] == 0
     assert graphs.counts["ordinary"] > 2  # the warm-up, the step whose capture failed, and every later one
 
@@ -157,7 +157,7 @@ def test_a_capture_that_fails_is_reported_and_the_run_goes_on_with_ordinary_step
 def test_an_algorithm_with_its_own_loop_is_told_that_nothing_was_captured(simulated):
     with pytest.warns(UserWarning, match="cuda_graphs: BEER took no step through the default local loop"):
         trainer = _fit(BEER(num_neighbors=2, topology="ring", gamma=0.1), True, rounds=1)
-    assert trainer.federation.step_graphs.counts == {"replayed": 0, "captured": 0, "ordinary": 0}
+    assert trainer.federation.worker.step_graphs.counts == {"replayed": 0, "captured": 0, "ordinary": 0}
 
 
 def _module_and_optimizer():

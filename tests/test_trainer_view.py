@@ -35,7 +35,7 @@ def test_state_is_lightnings_trainer_state_and_the_engine_record_is_federation(t
     assert seen.seen == [(TrainerFn.FITTING, RunningStage.TRAINING, TrainerStatus.RUNNING)]
     assert trainer.state.status == TrainerStatus.FINISHED
     assert isinstance(trainer.federation, FederationState) and trainer.store is trainer.federation.store
-    assert trainer.lightning_module is trainer.module is trainer.federation.module
+    assert trainer.lightning_module is trainer.module is trainer.federation.worker.module
     with pytest.raises(AttributeError, match="has no attribute 'roundz'"):
         trainer.roundz  # noqa: B018
 

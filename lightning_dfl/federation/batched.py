@@ -230,7 +230,7 @@ class BatchedExecutor(SerialExecutor):
                     group = []
             if group:
                 self._train_and_finish(group, accounting, evaluate)
-        self.state.current_client = self.state.current_task = None
+        self.state.progress.end_tasks()
         return accounting
 
     def _size_groups(self, item: _Started) -> None:
@@ -241,11 +241,11 @@ class BatchedExecutor(SerialExecutor):
         self._sized = True
         t = self.state
         inputs = max((x for x, _ in item.batches), key=len)
-        full = int(getattr(t.datamodule, "batch_size", 0) or 0)
+        full = int(getattr(t.worker.datamodule, "batch_size", 0) or 0)
         if full > len(inputs):  # a client with less than a batch: measured at a whole one, as larger clients take
             inputs = inputs.repeat(-(-full // len(inputs)), *[1] * (inputs.dim() - 1))[:full]
         device = inputs.device
-        per_client = client_step_bytes(t.module.model, inputs, t.fabric.autocast)
+        per_client = client_step_bytes(t.worker.module.model, inputs, t.worker.fabric.autocast)
         budget = memory_budget(device)
         self.group_size = auto_group_size(per_client, budget)
         limit = "every client of a level" if self.group_size is None else f"at most {self.group_size} clients"
@@ -258,10 +258,10 @@ class BatchedExecutor(SerialExecutor):
         t = self.state
         losses, weights = self._train_together(group)
         for item, loss, trained in zip(group, losses, weights):
-            t.current_client, t.current_task = item.ctx.node, item.ctx
-            self.load({**t.worker, **trained})
-            t.module.mask.load_(item.masks, apply=False)
-            t.train_dataloader = item.ctx.train_batches
+            t.progress.start_task(item.ctx)
+            t.worker.load({**t.worker.tensors, **trained})
+            t.worker.module.mask.load_(item.masks, apply=False)
+            t.progress.train_dataloader = item.ctx.train_batches
             item.record.loss = loss
             self.finish_task(item.ctx, item.record, accounting, evaluate)
             t.store.task_finished(item.ctx.task)
@@ -277,8 +277,8 @@ class BatchedExecutor(SerialExecutor):
     def _train_together(self, items: list[_Started]) -> tuple[list[Tensor | float], list[dict[str, Tensor]]]:
         """Train ``items`` together; their mean losses and trained weights (parameters and floating
         buffers, by name)."""
-        model = self.state.module.model
-        group = getattr(self.state.optimizer, "optimizer", self.state.optimizer).param_groups[0]
+        model, optimizer = self.state.worker.module.model, self.state.worker.optimizer
+        group = getattr(optimizer, "optimizer", optimizer).param_groups[0]
         lr, wd, momentum = float(group["lr"]), float(group["weight_decay"]), float(group["momentum"])
         dampening, nesterov = float(group["dampening"]), bool(group["nesterov"])
         names = list(items[0].weights)
@@ -343,7 +343,7 @@ class BatchedExecutor(SerialExecutor):
 
             weights = select(params, names)
             sub_stats = dict(zip(stats, select(stats, list(stats))))
-            with self.state.fabric.autocast():  # as the serial closure (64-true: float64 by default)
+            with self.state.worker.fabric.autocast():  # as the serial closure (64-true: float64 by default)
                 grads, losses = step_fn(dict(zip(names, weights)), sub_stats, xs, ys, ws)
             # summed on the device, read at the round's end (the real samples per client: exact in any float)
             weighted = losses.detach().to(loss_sums.dtype) * ws.sum(1).to(loss_sums.dtype)
@@ -416,5 +416,6 @@ def _stacked(batches: list[tuple[Tensor, Tensor]], sizes: list[int]) -> tuple[Te
 
 def batched_executor(state: FederationState, group_size: int | None = None) -> BatchedExecutor:
     """The batched executor after :func:`check_batchable` (``group_size``: see :class:`BatchedExecutor`)."""
-    check_batchable(state.algorithm, state.module, state.optimizer, state.precision, state.callbacks)
+    check_batchable(state.algorithm, state.worker.module, state.worker.optimizer, state.spec.precision,
+                    state.callbacks)
     return BatchedExecutor(state, group_size)

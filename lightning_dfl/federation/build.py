@@ -23,7 +23,7 @@ from lightning_dfl.federation import step_graphs
 from lightning_dfl.federation.batched import batched_executor, check_batchable
 from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.executor import SerialExecutor
-from lightning_dfl.federation.federation_state import FederationState, HookDispatch
+from lightning_dfl.federation.federation_state import FederationState, HookDispatch, RoundProgress, RunSpec
 from lightning_dfl.federation.kernels import (
     apply_benchmark,
     apply_matmul_precision,
@@ -37,6 +37,7 @@ from lightning_dfl.federation.settings import RunSettings
 from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
 from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
 from lightning_dfl.federation.store.factory import build_store, state_fields
+from lightning_dfl.federation.worker import Worker
 from lightning_dfl.module import SparseClassifier
 
 __all__ = ["Federation", "build_federation"]
@@ -99,21 +100,23 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
     plugin = fabric.strategy.precision
     convert_input = input_converter(None if isinstance(plugin, MixedPrecision) else plugin.convert_input,
                                     memory_format)
-    worker = {n: t for n, t in model.model.state_dict(keep_vars=False).items() if t.is_floating_point()}
+    tensors = {n: t for n, t in model.model.state_dict(keep_vars=False).items() if t.is_floating_point()}
     fields = state_fields(algorithm, callbacks, owner, model)
-    store = build_store(settings.store, settings.store_device, worker, model, fields, num_clients,
+    store = build_store(settings.store, settings.store_device, tensors, model, fields, num_clients,
                         num_clients + algorithm.num_servers, algorithm.personal_masks, settings.seed, fabric.device,
                         fabric.world_size // settings.num_nodes)
     sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
     planner = RoundPlanner(algorithm, clock, num_clients, settings.rounds, sample_counts, store, settings.seed,
                            settings.dropout, settings.deadline)
-    state = FederationState(
-        algorithm=algorithm, callbacks=callbacks, call=HookDispatch(owner, callbacks, model), module=model,
-        optimizer=optimizer, fabric=fabric, datamodule=datamodule, store=store, clock=clock, worker=worker,
-        seed=settings.seed, rounds=settings.rounds, num_clients=num_clients, local_epochs=settings.local_epochs,
-        local_steps=settings.local_steps, eval_every=settings.eval_every, checkpoint_every=settings.checkpoint_every,
-        precision=settings.precision, convert_input=convert_input, history=history,
-        result_settings=settings.result_settings(fabric.device), step_graphs=graphs)
+    spec = RunSpec(seed=settings.seed, rounds=settings.rounds, num_clients=num_clients,
+                   local_epochs=settings.local_epochs, local_steps=settings.local_steps, eval_every=settings.eval_every,
+                   checkpoint_every=settings.checkpoint_every, precision=settings.precision,
+                   result_settings=settings.result_settings(fabric.device))
+    worker = Worker(module=model, optimizer=optimizer, fabric=fabric, datamodule=datamodule, tensors=tensors,
+                    convert_input=convert_input, step_graphs=graphs)
+    state = FederationState(spec=spec, worker=worker, algorithm=algorithm, callbacks=callbacks,
+                            call=HookDispatch(owner, callbacks, model), store=store, clock=clock,
+                            progress=RoundProgress(history=history))
     executor = executor_factory(state) if executor_factory is not None else _executor(settings, state, fabric)
     algorithm.init_state(store, num_clients)
     return Federation(fabric, state, planner, executor)

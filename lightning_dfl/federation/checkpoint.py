@@ -50,29 +50,30 @@ def _identity(federation: FederationState) -> dict[str, Any]:
     """What must match between the run that saved and the run that resumes: every setting that changes its
     results (the trainer's, the clock's, the model's and the data's: ``dropout``, ``model/lr``, ``data/alpha``,
     ...); not those that leave them bit for bit the same (the store, its device, the processes, the logging)."""
-    identity = {"algorithm": repr(federation.algorithm), "seed": federation.seed, "rounds": federation.rounds,
-                "local_epochs": federation.local_epochs, "local_steps": federation.local_steps,
-                "num_clients": federation.num_clients, "eval_every": federation.eval_every,
-                "checkpoint_every": federation.checkpoint_every, "precision": _plain(federation.precision),
+    spec = federation.spec
+    identity = {"algorithm": repr(federation.algorithm), "seed": spec.seed, "rounds": spec.rounds,
+                "local_epochs": spec.local_epochs, "local_steps": spec.local_steps,
+                "num_clients": spec.num_clients, "eval_every": spec.eval_every,
+                "checkpoint_every": spec.checkpoint_every, "precision": _plain(spec.precision),
                 # who takes part each round, and how the float arithmetic rounds: they change results too
-                **{k: _plain(v) for k, v in federation.result_settings.items()}}
+                **{k: _plain(v) for k, v in spec.result_settings.items()}}
     derived = {"num_clients", "num_servers", "seed", "base_times"}  # set by Clock.setup from the run
     identity.update({f"clock/{k}": _plain(v) for k, v in vars(federation.clock).items()
                      if not k.startswith("_") and k not in derived})
-    identity.update({f"model/{k}": _plain(v) for k, v in dict(federation.module.hparams).items()})
-    identity.update({f"data/{k}": _plain(v) for k, v in dict(federation.datamodule.hparams).items()})
+    identity.update({f"model/{k}": _plain(v) for k, v in dict(federation.worker.module.hparams).items()})
+    identity.update({f"data/{k}": _plain(v) for k, v in dict(federation.worker.datamodule.hparams).items()})
     return identity
 
 
 def save_checkpoint(federation: FederationState, path: str | os.PathLike) -> Path:
-    """Write the federation's state after round ``federation.current_round`` to ``path`` atomically."""
+    """Write the federation's state after round ``federation.progress.round_idx`` to ``path`` atomically."""
     return write_state(path, {
-        "next_round": federation.current_round + 1,
+        "next_round": federation.progress.round_idx + 1,
         "identity": _identity(federation),
         "store": federation.store.state_dict(),
         "algorithm": federation.algorithm.state_dict(),
         "clock": federation.clock.state_dict(),
-        "history": federation.history,
+        "history": federation.progress.history,
         "callbacks": {c.state_key: c.state_dict() for c in federation.callbacks},
     })
 
@@ -215,7 +216,7 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
         federation.algorithm.load_state_dict(state["algorithm"])
     with _loading(path, "the clock's state"):
         federation.clock.load_state_dict(state["clock"])
-    federation.history[:] = list(state["history"])  # in place: the trainer's list too
+    federation.progress.history[:] = list(state["history"])  # in place: the trainer's list too
     saved = state["callbacks"]
     # a callback added on resume may start fresh only if it keeps no state (as Lightning allows)
     missing = [c.state_key for c in federation.callbacks if c.state_key not in saved and c.state_dict()]

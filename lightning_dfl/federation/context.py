@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -15,6 +15,10 @@ from lightning_dfl.federation.evaluation import accuracy
 from lightning_dfl.federation.plan import Task
 from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from lightning_dfl.federation.federation_state import RunSpec
+    from lightning_dfl.federation.worker import Worker
 
 
 @dataclass(frozen=True)
@@ -67,34 +71,74 @@ class CountingBatches:
         return getattr(self._batches, "batch_size", None)
 
 
+class _OnWorker:
+    """What a task's and an evaluation's contexts share: the run's fixed values (``spec``) and the worker."""
+
+    spec: RunSpec
+    worker: Worker
+
+    @property
+    def num_rounds(self) -> int:
+        return self.spec.rounds
+
+    @property
+    def num_clients(self) -> int:
+        return self.spec.num_clients
+
+    @property
+    def seed(self) -> int:
+        return self.spec.seed
+
+    @property
+    def module(self) -> Any:
+        """The worker's LightningModule (model and mask)."""
+        return self.worker.module
+
+    @property
+    def optimizer(self) -> Any:
+        """The worker's (Fabric-wrapped) optimizer."""
+        return self.worker.optimizer
+
+    @property
+    def fabric(self) -> Any:
+        return self.worker.fabric
+
+    def draw_train_batches(self, client: int, generator: torch.Generator) -> CountingBatches:
+        """Any client's training batches drawn with ``generator`` (on the worker's device, in the precision's
+        input dtype), for algorithms with their own data split."""
+        return self.worker.train_batches(client, generator)
+
+    def worker_weights(self) -> dict[str, Tensor]:
+        """A copy of the worker's floating parameters and buffers (the store's names)."""
+        return self.worker.weights()
+
+    def load_weights(self, weights: dict[str, Tensor]) -> None:
+        """Copy ``weights`` (the store's names) into the worker."""
+        self.worker.load(weights)
+
+
 @dataclass
-class TaskContext:
+class TaskContext(_OnWorker):
     """One node's task as its algorithm's hooks see it.
 
-    The worker ``module`` holds the node's state (its weights and current mask) while the task
-    runs; ``optimizer`` is the worker's (Fabric-wrapped) optimizer; ``store`` holds every node's
-    published models and declared fields; ``call(hook, *args)`` runs the callbacks' hook.
+    The worker (``module``, its Fabric-wrapped ``optimizer``, ``fabric``) holds the node's state (its weights
+    and current mask) while the task runs; ``store`` holds every node's published models and declared fields;
+    ``call(hook, *args)`` runs the callbacks' hook; the run's fixed values (``seed``, ``num_rounds``,
+    ``num_clients``) come from ``spec``.
     """
 
     task: Task
     round_idx: int
-    num_rounds: int
     exchange: int
-    num_clients: int
-    seed: int
-    module: Any
-    optimizer: Any
+    #: the run's fixed values (:class:`~lightning_dfl.federation.federation_state.RunSpec`)
+    spec: RunSpec
+    #: the worker (:class:`~lightning_dfl.federation.worker.Worker`): module, optimizer, Fabric, tensors, batches
+    worker: Worker
     store: ClientStore
-    fabric: Any
+    call: Callable[..., None]
     local_epochs: int
     local_steps: int | None
-    call: Callable[..., None]
-    test_batches: Callable[[], Iterable[tuple[Tensor, Tensor]]]
-    worker: dict[str, Tensor] = field(default_factory=dict)
     train_batches: CountingBatches | None = None
-    #: ``(client, generator) -> CountingBatches``: any client's training batches drawn with ``generator``
-    #: (on the worker's device, in the precision's input dtype), for algorithms with their own data split
-    draw_train_batches: Callable[[int, torch.Generator], CountingBatches] | None = None
     #: set by the hooks: anything the task wants to report in ``clients.csv`` (name -> number)
     report: dict[str, float] = field(default_factory=dict)
     #: values the hooks of one task share (e.g. a proximal anchor)
@@ -106,6 +150,10 @@ class TaskContext:
     #: node publishes, and discarded with the rest of the update when the task is contained
     staged: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def node(self) -> int:
+        return self.task.node
+
     def write(self, name: str, value: Any) -> None:
         """Stage a write of the node's field ``name`` (a tensor, a number, or for ``like="weights"``/``"mask"``
         fields a dict by parameter): the store gets it only if the task's update is finite."""
@@ -115,19 +163,9 @@ class TaskContext:
         """The node's field ``name`` as this task sees it: its staged write, else the store's value."""
         return self.staged[name] if name in self.staged else self.store.read(self.node, name)
 
-    @property
-    def node(self) -> int:
-        return self.task.node
-
-    def worker_weights(self) -> dict[str, Tensor]:
-        """A copy of the worker's floating parameters and buffers (the store's names)."""
-        return {n: t.detach().clone() for n, t in self.worker.items()}
-
-    @torch.no_grad()
-    def load_weights(self, weights: dict[str, Tensor]) -> None:
-        """Copy ``weights`` (the store's names) into the worker."""
-        for n, t in self.worker.items():
-            t.copy_(weights[n])
+    def test_batches(self) -> CountingBatches:
+        """The node's test batches on the worker's device, in the precision's input dtype."""
+        return self.worker.test_batches(self.node)
 
     def seed_of(self, stream: str) -> int:
         """The seed of ``stream`` for this task: from ``(seed, stream, round, node)`` (and the exchange
@@ -141,7 +179,7 @@ class TaskContext:
 
 
 @dataclass
-class EvaluationContext:
+class EvaluationContext(_OnWorker):
     """What an algorithm's round-level hook (:meth:`~Algorithm.evaluate_round`) may do at a round's end:
     read the store, load any model into the worker, test the worker on a client's test set, and run a
     task that publishes nothing (:meth:`task`: fine-tuning). The worker is the round's: whatever is
@@ -149,26 +187,25 @@ class EvaluationContext:
     """
 
     round_idx: int
-    num_rounds: int
-    num_clients: int
-    seed: int
     #: whether this round is an evaluated one (``eval_every``, and the last)
     evaluates: bool
+    spec: RunSpec
+    worker: Worker
     store: ClientStore
-    module: Any
-    optimizer: Any
-    fabric: Any
-    local_epochs: int
-    local_steps: int | None
-    worker: dict[str, Tensor]
-    #: ``weights -> None``: copy a model (the store's names) into the worker
-    load_weights: Callable[[dict[str, Tensor]], None]
-    #: ``client -> batches``: the client's test batches on the worker's device
-    test_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]]]
-    #: ``(client, generator) -> CountingBatches``: the client's training batches drawn with ``generator``
-    draw_train_batches: Callable[[int, torch.Generator], CountingBatches]
     #: ``() -> (weights, mask) | None``: the algorithm's shared model (its consensus sources, averaged)
     shared_model: Callable[[], tuple[dict[str, Tensor], dict[str, Tensor]] | None]
+
+    @property
+    def local_epochs(self) -> int:
+        return self.spec.local_epochs
+
+    @property
+    def local_steps(self) -> int | None:
+        return self.spec.local_steps
+
+    def test_batches(self, client: int) -> CountingBatches:
+        """``client``'s test batches on the worker's device."""
+        return self.worker.test_batches(client)
 
     def load(self, weights: dict[str, Tensor], mask: dict[str, Tensor], apply: bool = True) -> None:
         """Put a model with its mask into the worker (``apply``: zero the weights the mask excludes)."""
@@ -185,12 +222,9 @@ class EvaluationContext:
              train_batches: CountingBatches) -> TaskContext:
         """A task context for ``client`` on the worker as it is, which publishes nothing and calls no
         callbacks (evaluation is not training: mask search and pruning do not see it)."""
-        return TaskContext(task=Task(node=client), round_idx=round_idx, num_rounds=self.num_rounds, exchange=0,
-                           num_clients=self.num_clients, seed=self.seed, module=self.module,
-                           optimizer=self.optimizer, store=self.store, fabric=self.fabric, local_epochs=local_epochs,
-                           local_steps=local_steps, call=_no_callbacks,
-                           test_batches=lambda: self.test_batches(client), worker=self.worker,
-                           train_batches=train_batches, draw_train_batches=self.draw_train_batches)
+        return TaskContext(task=Task(node=client), round_idx=round_idx, exchange=0, spec=self.spec,
+                           worker=self.worker, store=self.store, call=_no_callbacks, local_epochs=local_epochs,
+                           local_steps=local_steps, train_batches=train_batches)
 
 
 def _no_callbacks(*args: Any) -> None:

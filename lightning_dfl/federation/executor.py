@@ -67,7 +67,7 @@ class SerialExecutor:
         for level in plan.levels():
             for task in level:
                 self.run_task(task, accounting, evaluate, exchange)
-        self.state.current_client = self.state.current_task = None
+        self.state.progress.end_tasks()
         return accounting
 
     def begin_round(self, plan: RoundPlan) -> None:
@@ -75,19 +75,6 @@ class SerialExecutor:
         when the algorithm reads nothing but its plan's sources (:attr:`~Algorithm.reads_only_sources`)."""
         reads_only_sources = type(self.state.algorithm).declares("reads_only_sources")  # inherited unless changed
         self.state.store.begin_round(plan if reads_only_sources else None)
-
-    def _context(self, task: Task, exchange: int) -> TaskContext:
-        t = self.state
-        return TaskContext(task=task, round_idx=t.current_round, num_rounds=t.rounds, exchange=exchange,
-                           num_clients=t.num_clients,
-                           seed=t.seed, module=t.module, optimizer=t.optimizer, store=t.store, fabric=t.fabric,
-                           local_epochs=t.local_epochs, local_steps=t.local_steps, call=t.call,
-                           test_batches=lambda: t.test_batches(task.node), worker=t.worker,
-                           draw_train_batches=t.train_batches, step_graphs=t.step_graphs)
-
-    def load(self, weights: dict[str, Tensor]) -> None:
-        """Copy ``weights`` into the worker's floating parameters and buffers (from a pinned store, overlapping)."""
-        self.state.load_weights(weights)
 
     def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0,
                  report_reads: bool = True) -> None:
@@ -110,8 +97,8 @@ class SerialExecutor:
         """Everything before local training: messages, the server step (then done: ``None``) or the
         aggregation, the "aggregated" evaluation, the batches and the optimizer's set-up."""
         t, algorithm = self.state, self.state.algorithm
-        store, module, node = t.store, t.module, task.node
-        ctx = self._context(task, exchange)
+        store, worker, module, node = t.store, t.worker, t.worker.module, task.node
+        ctx = t.task_context(task, exchange)
         messages = []
         for source in task.sources:
             message = algorithm.message(ctx, source)
@@ -121,14 +108,14 @@ class SerialExecutor:
         if not task.train:  # a server, or a gossip step: aggregate and publish
             store.publish(node, algorithm.server_step(ctx, messages), store.mask(node))
             return None
-        t.current_client, t.current_task = node, ctx
+        t.progress.start_task(ctx)
         module.mask.load_(store.mask(node), apply=False)
         own, _ = store.published(node)
-        self.load(own)
+        worker.load(own)
         t.call("on_client_before_aggregation", node)
         aggregated = algorithm.aggregate(ctx, messages)
         if aggregated is not None:
-            self.load(aggregated)
+            worker.load(aggregated)
         module.mask.apply_()
         density, forward_flops = module.density_and_flops()  # one read of the mask's counts
         record = ClientRecord(client=node, density=density)
@@ -136,7 +123,7 @@ class SerialExecutor:
             record.acc_aggregated = algorithm.evaluate(ctx, "aggregated")
         generator = ctx.generator("data")
         torch.manual_seed(ctx.seed_of("torch"))
-        ctx.train_batches = t.train_dataloader = t.train_batches(node, generator)
+        ctx.train_batches = t.progress.train_dataloader = worker.train_batches(node, generator)
         record.flops = 3 * forward_flops  # per sample, at the mask it trains under (x samples at the end)
         algorithm.configure_optimizer(ctx)
         self._restore_optimizer_state(ctx)
@@ -188,39 +175,40 @@ class SerialExecutor:
         receives a non-finite value. ``ok`` read (a ``bool``): chosen by ``if``; a device flag: by ``torch.where``
         (the same bits either way), the search runs and the round takes back what it counted when the flag turns
         out false (:meth:`settle`)."""
-        t, store, module, node = self.state, self.state.store, self.state.module, ctx.node
+        t, store, worker, node = self.state, self.state.store, self.state.worker, ctx.node
+        module = worker.module
         published_mask = module.mask.masks
         if ok is not True:  # the fallback, or a choice between it and the outcome
             own, own_mask = store.published(node)
             kept_mask = store.mask(node)  # every choice with it is made before set_mask writes over it
             if ok is False:
                 ctx.staged.clear()  # the task's field writes go with its update
-                self.load(own)
+                worker.load(own)
                 module.mask.load_(kept_mask, apply=False)
                 published_mask = own_mask
             else:  # the callbacks' search below runs with autograd as after a read (RigL's gradient regrowth)
                 with torch.no_grad():
-                    for name, value in self._select(ok, t.worker, own).items():
-                        t.worker[name].copy_(value)
+                    for name, value in self._select(ok, worker.tensors, own).items():
+                        worker.tensors[name].copy_(value)
                 module.mask.load_(self._select(ok, module.mask.masks, kept_mask), apply=False)
                 published_mask = self._select(ok, module.mask.masks, own_mask)
         if evaluate:  # the model the node publishes (pruned, if a callback pruned; or restored)
             record.acc_trained = t.algorithm.evaluate(ctx, "trained")
         self._commit(ctx)
-        store.publish(node, own if ok is False else t.worker, published_mask, fields)
+        store.publish(node, own if ok is False else worker.tensors, published_mask, fields)
         if ok is False:
             record.nonfinite = True
         else:
             self._search(ctx, record, ok, None if ok is True else kept_mask)
         accounting.records.append(record)
-        t.train_dataloader = None
+        t.progress.train_dataloader = None
 
     def _search(self, ctx: TaskContext, record: ClientRecord, ok: bool | Tensor, kept_mask: Any) -> None:
         """The callbacks' mask search (``on_client_end``) for the mask the node trains with next, its batches'
         dense FLOPs, and the task's report. Under a device flag ``ok`` the next mask is chosen (``kept_mask``
         where false), the counts are the flag's, and what the callbacks counted (their shard protocol: a general
         task effect) is kept to be taken back at the round's end should the flag be false."""
-        t, module, batches = self.state, self.state.module, ctx.train_batches
+        t, module, batches = self.state, self.state.worker.module, ctx.train_batches
         search_from = batches.samples
         marks = [] if ok is True else [(c, c.shard_snapshot()) for c in t.callbacks
                                        if defined_hooks(c, ("on_client_end",))]
@@ -265,7 +253,7 @@ class SerialExecutor:
         overflow: it is contained at its sender."""
         if loss is not None and not isinstance(loss, Tensor) and not math.isfinite(loss):
             return False
-        checks = _within_bound(self.state.worker.values(), self.state.algorithm.message_bound())  # floating only
+        checks = _within_bound(self.state.worker.tensors.values(), self.state.algorithm.message_bound())  # floating only
         if isinstance(loss, Tensor):
             checks.append(torch.isfinite(loss))
         specs = getattr(self.state.store, "field_specs", {})
@@ -342,7 +330,7 @@ class SerialExecutor:
     # -- optimizer state kept per client -------------------------------------------------
     def _optimizer_entries(self, ctx: TaskContext) -> list[tuple[str, Tensor]]:
         """(store name, parameter) of every worker parameter the optimizer updates."""
-        by_id = {id(p): name for name, p in self.state.module.model.named_parameters()}
+        by_id = {id(p): name for name, p in self.state.worker.module.model.named_parameters()}
         return [(by_id[id(p)], p) for group in ctx.optimizer.param_groups for p in group["params"] if id(p) in by_id]
 
     @torch.no_grad()

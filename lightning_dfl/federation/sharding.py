@@ -111,7 +111,7 @@ class ShardedExecutor(SerialExecutor):
 
     def __init__(self, state: FederationState) -> None:
         super().__init__(state)
-        fabric = state.fabric
+        fabric = state.worker.fabric
         self.rank, self.world_size = fabric.global_rank, fabric.world_size
         # a gloo group carries the CPU store and the pickled deltas whatever the accelerator's backend
         self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
@@ -152,7 +152,7 @@ class ShardedExecutor(SerialExecutor):
             for position in range(len(level)):
                 for obj, delta in zip(stateful, gathered[self.owner(position)][position]):
                     obj.shard_apply(delta)
-        self.state.current_client = self.state.current_task = None
+        self.state.progress.end_tasks()
         shares: list[Any] = [None] * self.world_size
         mine.read_device_values()  # numbers, not device tensors, travel between processes
         dist.all_gather_object(shares, (mine.records, mine.log), group=self.group)

@@ -254,8 +254,8 @@ class FederatedTrainer(TrainerView):
         self.summary = report.RunSummary.from_history(self.algorithm, self.history, earlier + wall_s, self.log_dir,
                                                report.mean_client_density(self.store, self.num_clients))
         self.reporter.warn_without_accuracy(self.summary, self.settings.deadline)
-        if self.federation.step_graphs is not None:
-            self.federation.step_graphs.report(type(self.algorithm).__name__)
+        if self.federation.worker.step_graphs is not None:
+            self.federation.worker.step_graphs.report(type(self.algorithm).__name__)
         self._call("on_train_end")
         self._call("on_fit_end")
         if self.logger is not None:
@@ -276,7 +276,7 @@ class FederatedTrainer(TrainerView):
     def run_round(self, round_idx: int) -> dict[str, float]:
         """Plan and run one round (its exchanges); log and return its metrics."""
         wall = time.perf_counter()
-        self.federation.current_round = round_idx
+        self.federation.progress.round_idx = round_idx
         self._extra_metrics = {}
         evaluate = self.settings.evaluates(round_idx)
         outcome = run_exchanges(round_idx, evaluate, self.planner, self.executor, self.store, self.clock, self.diag,

@@ -50,17 +50,17 @@ class TrainerView:
     @property
     def current_round(self) -> int:
         """The round running (or the last one run); 0 before the first."""
-        return self.federation.current_round if self.federation is not None else 0
+        return self.federation.progress.round_idx if self.federation is not None else 0
 
     @property
     def current_client(self) -> int | None:
         """The client whose task is running (``None`` between tasks)."""
-        return self.federation.current_client if self.federation is not None else None
+        return self.federation.progress.client if self.federation is not None else None
 
     @property
     def train_dataloader(self) -> CountingBatches | None:
         """The running task's training batches."""
-        return self.federation.train_dataloader if self.federation is not None else None
+        return self.federation.progress.train_dataloader if self.federation is not None else None
 
     @property
     def state(self) -> TrainerState:
@@ -87,13 +87,13 @@ class TrainerView:
     @property
     def module(self) -> SparseClassifier | None:
         """The worker module (Lightning's ``lightning_module``)."""
-        return self.federation.module if self.federation is not None else None
+        return self.federation.worker.module if self.federation is not None else None
 
     lightning_module = module
 
     @property
     def optimizer(self) -> Any:
-        return self.federation.optimizer if self.federation is not None else None
+        return self.federation.worker.optimizer if self.federation is not None else None
 
     @property
     def store(self) -> Any:
@@ -102,7 +102,8 @@ class TrainerView:
 
     @property
     def worker(self) -> dict[str, Any] | None:
-        return self.federation.worker if self.federation is not None else None
+        """The worker module's floating parameters and buffers by the store's names."""
+        return self.federation.worker.tensors if self.federation is not None else None
 
     @property
     def is_global_zero(self) -> bool:
@@ -135,12 +136,12 @@ class TrainerView:
         state here: ``trainer.client_state(k)["voting/delta_first"]``). During the client's own task the
         writes are staged with the task's update: committed when it publishes, discarded if it is contained
         (a non-finite vote or score never reaches the store or a checkpoint)."""
-        task = self.federation.current_task if self.federation is not None else None
+        task = self.federation.progress.task if self.federation is not None else None
         if task is not None and int(task.node) == int(client):
             return TaskFields(task)
         return ClientFields(self.store, client)
 
     def test_batches(self, client: int) -> CountingBatches:
         """The client's test batches on the worker's device, in the precision's input dtype."""
-        return self.federation.test_batches(client)
+        return self.federation.worker.test_batches(client)
 

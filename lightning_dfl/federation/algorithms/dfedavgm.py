@@ -162,4 +162,4 @@ class DFedAvgM(TopologyAlgorithm):
         if self.rule != "da":
             return {}
         start = ctx.scratch[_START]
-        return {DELTA_FIELD: {n: t.detach() - start[n] for n, t in ctx.worker.items()}}  # stored as fp16
+        return {DELTA_FIELD: {n: t.detach() - start[n] for n, t in ctx.worker.tensors.items()}}  # stored as fp16

@@ -182,9 +182,6 @@ class FedFomo(Algorithm):
         """The client's fixed split: one pass of its training batches drawn by a generator seeded by
         ``(seed, "fedfomo/split", client)`` alone (the same samples, in the same order, every round); the
         first ``val_fraction`` are its validation batches, the rest its training samples."""
-        if ctx.draw_train_batches is None:
-            raise RuntimeError("FedFomo draws its clients' batches through the task context (draw_train_batches); "
-                               "run it in a FederatedTrainer")
         generator = torch.Generator().manual_seed(derive_seed(ctx.seed, "fedfomo/split", ctx.node))
         batches = ctx.draw_train_batches(ctx.node, generator)
         batch_size = batches.batch_size

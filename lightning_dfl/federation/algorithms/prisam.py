@@ -446,7 +446,7 @@ class PRISAM(TopologyAlgorithm):
             model = ctx.module.model
             masks = ChannelMasks.from_vector(model, vector.cpu())
             expanded = expand(model, masks, include_buffers=True)
-            values = sum(int(expanded[n].sum()) if n in expanded else t.numel() for n, t in ctx.worker.items())
+            values = sum(int(expanded[n].sum()) if n in expanded else t.numel() for n, t in ctx.worker.tensors.items())
             params = sum(int(expanded[n].sum()) if n in expanded else p.numel()
                          for n, p in model.named_parameters())
             macs = masked_macs(model, masks, profile=ctx.module.flops_profile)
