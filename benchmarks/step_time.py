@@ -124,8 +124,8 @@ def time_batched(clients: int, arch: str, device: torch.device, batch: int, step
     model = module.model.to(device)
     module.mask.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=5e-4)
-    state = SimpleNamespace(module=module, optimizer=optimizer,
-                            fabric=SimpleNamespace(autocast=lambda: torch.autocast(device.type, enabled=False)))
+    fabric = SimpleNamespace(autocast=lambda: torch.autocast(device.type, enabled=False))
+    state = SimpleNamespace(worker=SimpleNamespace(module=module, optimizer=optimizer, fabric=fabric))
     executor = BatchedExecutor.__new__(BatchedExecutor)  # only its training: no federation around it
     executor.state = state
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -447,7 +447,7 @@ def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():
             store.initialize(node, weights, masks)
     one_record = compact.nbytes() / k
     plan = _ring(k)
-    compact.begin_round(plan)  # the store follows the plan's reads of start-of-round models
+    reads = StartReads(plan, compact.release_start)  # the executor follows the plan's reads of start-of-round models
     peak, freed = 0, []
     for task in plan.order():
         sources = [(s.node, s.fresh) for s in task.sources]
@@ -455,12 +455,12 @@ def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():
         for n in wd:
             for a, b in zip(wd[n], wc[n]):
                 assert_bitwise(a, b)
-        compact.task_started(task)
+        reads.started(task)
         weights, masks = _model(gen, negative_zeros=False)
         for store in (dense, compact):
             store.publish(task.node, weights, masks)
         peak = max(peak, compact.nbytes())
-        compact.task_finished(task)
+        reads.finished(task)
         freed.append(sum(r is None for r in compact.records))
     assert freed == [0, 0, 1, 2, 3, 4, 5, 8]  # node n - 1 freed once task n + 1 read it
     assert peak < (k + 3.5) * one_record  # the dense store's semantics hold 2 k models at the end

@@ -117,7 +117,7 @@ def test_uniform_server_step_and_personal_models_of_all_clients():
     # the headline is v_i of all K clients on their own test sets
     accs = []
     for k in range(K):
-        trainer.executor.load(store.read(k, PERSONAL))
+        trainer.federation.worker.load(store.read(k, PERSONAL))
         accs.append(accuracy(trainer.module, trainer.fabric, trainer.test_batches(k)))
     assert trainer.history[-1]["acc/personal_mean"] == pytest.approx(sum(accs) / K, abs=1e-12)
 

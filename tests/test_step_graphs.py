@@ -300,7 +300,6 @@ class _OwnLoss(SparseClassifier):
     ({"callbacks": [_AfterBackward()]}, SparseClassifier, "callback _AfterBackward defines on_after_backward"),
     ({}, _OwnBackwardHook, "_OwnBackwardHook defines on_before_backward"),
     ({}, _OwnLoss, "_OwnLoss has its own loss"),
-    ({"batched_clients": True}, SparseClassifier, "batched_clients trains clients with its own batched step"),
 ])
 def test_what_a_graph_cannot_hold_is_refused_before_training(simulated, settings, model_class, match):
     trainer = FederatedTrainer(rounds=1, accelerator="cpu", logger=False, enable_progress_bar=False, cuda_graphs=True,
@@ -312,9 +311,14 @@ def test_what_a_graph_cannot_hold_is_refused_before_training(simulated, settings
     assert not trainer.history
 
 
+def test_graphs_with_batched_clients_are_refused_when_the_trainer_is_built():
+    with pytest.raises(ValueError, match="batched_clients trains clients with its own batched step"):
+        FederatedTrainer(rounds=1, accelerator="cpu", logger=False, cuda_graphs=True, batched_clients=True)
+
+
 def test_sixteen_bit_mixed_precision_is_refused():
     with pytest.raises(ValueError, match="precision '16-mixed' scales the loss with a gradient scaler"):
-        check_graphable(Local(), SparseClassifier(), "16-mixed", [], False)
+        check_graphable(Local(), SparseClassifier(), "16-mixed", [])
 
 
 def test_cuda_graphs_on_a_cpu_is_refused_with_the_device_named():

@@ -72,6 +72,7 @@ from lightning_dfl.transfers import copy_all_, to_device
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
+    from lightning_dfl.federation.settings import RunSettings
 
 __all__ = ["BatchedExecutor", "auto_group_size", "check_batchable", "client_step_bytes", "memory_budget",
            "weighted_cross_entropy"]
@@ -203,6 +204,16 @@ class BatchedExecutor(SerialExecutor):
     """Runs each plan level's training tasks together, in groups of at most ``group_size`` clients (``None``:
     sized from memory on the first task's data; see the module docstring)."""
 
+    @classmethod
+    def check_worker(cls, algorithm: Any, callbacks: list[Any], module: Any, optimizer: Any, precision: Any) -> None:
+        """:func:`check_batchable`."""
+        check_batchable(algorithm, module, optimizer, precision, callbacks)
+
+    @classmethod
+    def create(cls, state: FederationState, settings: RunSettings) -> BatchedExecutor:
+        """The batched executor with the settings' ``batched_group_size``."""
+        return cls(state, settings.batched_group_size)
+
     def __init__(self, state: FederationState, group_size: int | None = None) -> None:
         super().__init__(state)
         self.group_size = group_size
@@ -212,15 +223,14 @@ class BatchedExecutor(SerialExecutor):
             exchange: int = 0) -> RoundAccounting:
         accounting = accounting if accounting is not None else RoundAccounting(
             plan.round_idx, observer=self.state.diag)
-        store = self.state.store
         self.begin_round(plan)
         for level in plan.levels():
             group: list[_Started] = []
             for task in level:
                 begun = self.start_task(task, accounting, evaluate, exchange)
-                store.task_started(task)
+                self.sources_read(task)
                 if begun is None:  # a server's task: done
-                    store.task_finished(task)
+                    self.task_ended(task)
                     continue
                 group.append(self._capture(*begun))
                 if not self._sized:
@@ -264,7 +274,7 @@ class BatchedExecutor(SerialExecutor):
             t.progress.train_dataloader = item.ctx.train_batches
             item.record.loss = loss
             self.finish_task(item.ctx, item.record, accounting, evaluate)
-            t.store.task_finished(item.ctx.task)
+            self.task_ended(item.ctx.task)
 
     def _capture(self, ctx: TaskContext, record: ClientRecord) -> _Started:
         """The task's start state and its batches, drawn as the serial loop would draw them."""
@@ -414,8 +424,3 @@ def _stacked(batches: list[tuple[Tensor, Tensor]], sizes: list[int]) -> tuple[Te
     return xs, ys, ws
 
 
-def batched_executor(state: FederationState, group_size: int | None = None) -> BatchedExecutor:
-    """The batched executor after :func:`check_batchable` (``group_size``: see :class:`BatchedExecutor`)."""
-    check_batchable(state.algorithm, state.worker.module, state.worker.optimizer, state.spec.precision,
-                    state.callbacks)
-    return BatchedExecutor(state, group_size)

@@ -20,7 +20,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_warn
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation import step_graphs
-from lightning_dfl.federation.batched import batched_executor, check_batchable
+from lightning_dfl.federation.batched import BatchedExecutor
 from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.federation_state import FederationState, HookDispatch, RoundProgress, RunSpec
@@ -34,13 +34,13 @@ from lightning_dfl.federation.kernels import (
 )
 from lightning_dfl.federation.participation import RoundPlanner
 from lightning_dfl.federation.settings import RunSettings
-from lightning_dfl.federation.sharding import ShardedExecutor, check_shardable
+from lightning_dfl.federation.sharding import ShardedExecutor
 from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
 from lightning_dfl.federation.store.factory import build_store, state_fields
 from lightning_dfl.federation.worker import Worker
 from lightning_dfl.module import SparseClassifier
 
-__all__ = ["Federation", "build_federation"]
+__all__ = ["Federation", "build_federation", "executor_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +75,9 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
         torch.set_num_threads(settings.cpu_threads)
     # the module is Fabric's callback: it re-masks the weights after every optimizer step
     fabric = Fabric(**settings.fabric_kwargs(), callbacks=[model])
+    executor_type = executor_for(settings)  # its checks hold with an executor_factory too
+    executor_type.check_run(algorithm, callbacks)  # before any process starts
     if fabric.world_size > 1:  # clients sharded across processes
-        check_shardable(algorithm, callbacks)
         fabric.launch()
     fabric.seed_everything(settings.seed, verbose=False)
     if fabric.world_size > 1:  # no DDP wrapper: each process trains other clients, nothing is all-reduced
@@ -93,8 +94,7 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
         rank_zero_warn(slow)
     model.mask.to(fabric.device)
     optimizer = fabric.setup_optimizers(algorithm.make_optimizer(model))
-    if settings.batched_clients:  # refused before the store is allocated
-        check_batchable(algorithm, model, optimizer, settings.precision, callbacks)
+    executor_type.check_worker(algorithm, callbacks, model, optimizer, settings.precision)  # before the store
     graphs = _step_graphs(settings, algorithm, callbacks, model, optimizer, fabric) if settings.cuda_graphs else None
     # "true" precisions (bf16-true, 64-true) need inputs in the module's dtype; mixed ones autocast
     plugin = fabric.strategy.precision
@@ -117,7 +117,7 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
     state = FederationState(spec=spec, worker=worker, algorithm=algorithm, callbacks=callbacks,
                             call=HookDispatch(owner, callbacks, model), store=store, clock=clock,
                             progress=RoundProgress(history=history))
-    executor = executor_factory(state) if executor_factory is not None else _executor(settings, state, fabric)
+    executor = executor_factory(state) if executor_factory is not None else executor_type.create(state, settings)
     algorithm.init_state(store, num_clients)
     return Federation(fabric, state, planner, executor)
 
@@ -129,12 +129,12 @@ def _step_graphs(settings: RunSettings, algorithm: Any, callbacks: list[Any], mo
     if backend is None:
         raise ValueError(f"cuda_graphs: true needs a CUDA GPU; this run's device is {fabric.device} "
                          "(set accelerator: gpu, or cuda_graphs: false)")
-    check_graphable(algorithm, model, settings.precision, callbacks, settings.batched_clients)
+    check_graphable(algorithm, model, settings.precision, callbacks)
     return StepGraphs(backend, model, optimizer)
 
 
-def _executor(settings: RunSettings, state: FederationState, fabric: Fabric) -> SerialExecutor:
-    """The executor the settings ask for: sharded (several processes), batched, or serial."""
-    if fabric.world_size > 1:
-        return ShardedExecutor(state)
-    return batched_executor(state, settings.batched_group_size) if settings.batched_clients else SerialExecutor(state)
+def executor_for(settings: RunSettings) -> type[SerialExecutor]:
+    """The executor class the settings ask for: sharded (several processes), batched, or serial."""
+    if settings.world_size > 1:
+        return ShardedExecutor
+    return BatchedExecutor if settings.batched_clients else SerialExecutor

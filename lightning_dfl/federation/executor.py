@@ -21,9 +21,11 @@ from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import TaskContext
 from lightning_dfl.federation.messages import PUBLISH_BOUND, dtype_bound
 from lightning_dfl.federation.plan import RoundPlan, Task
+from lightning_dfl.federation.start_reads import StartReads
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
+    from lightning_dfl.federation.settings import RunSettings
 
 def _within_bound(tensors: Iterable[Tensor], bound: float = PUBLISH_BOUND) -> list[Tensor]:
     """0-dim bools, one per dtype, on the floating ``tensors``' device: every entry finite and of magnitude <=
@@ -53,8 +55,25 @@ class SerialExecutor:
     #: on an accelerator, a task may publish without reading its finite check (:meth:`_may_select`)
     selects_without_reading = True
 
+    @classmethod
+    def check_run(cls, algorithm: Any, callbacks: list[Any]) -> None:
+        """Refuse (``ValueError`` naming the reason) an algorithm or callbacks this executor cannot run, before any
+        process starts; the serial executor runs any."""
+
+    @classmethod
+    def check_worker(cls, algorithm: Any, callbacks: list[Any], module: Any, optimizer: Any, precision: Any) -> None:
+        """Refuse a worker (module, optimizer, precision) this executor cannot train on, before the store is
+        allocated; the serial executor trains any."""
+
+    @classmethod
+    def create(cls, state: FederationState, settings: RunSettings) -> SerialExecutor:
+        """The executor of ``state`` with the settings it takes."""
+        return cls(state)
+
     def __init__(self, state: FederationState) -> None:
         self.state = state
+        #: the plan's reads of start-of-round models still to come (:meth:`begin_round`), or ``None``
+        self.reads: StartReads | None = None
         #: what callbacks counted in tasks whose finite check is not read yet: (record, [(callback, delta)])
         self._unsettled: list[tuple[ClientRecord, list[tuple[Any, Any]]]] = []
 
@@ -71,26 +90,38 @@ class SerialExecutor:
         return accounting
 
     def begin_round(self, plan: RoundPlan) -> None:
-        """Tell the store the plan starts; it may free start-of-round models as their last reads end
-        when the algorithm reads nothing but its plan's sources (:attr:`~Algorithm.reads_only_sources`)."""
+        """The plan starts: when the algorithm reads nothing but its plan's sources
+        (:attr:`~Algorithm.reads_only_sources`), follow the plan's reads of start-of-round models
+        (:class:`~lightning_dfl.federation.start_reads.StartReads`) so that the store frees each one after its
+        last read (:meth:`~lightning_dfl.federation.store.protocol.ClientStore.release_start`); else none is
+        freed."""
         reads_only_sources = type(self.state.algorithm).declares("reads_only_sources")  # inherited unless changed
-        self.state.store.begin_round(plan if reads_only_sources else None)
+        self.reads = StartReads(plan, self.state.store.release_start) if reads_only_sources else None
+
+    def sources_read(self, task: Task) -> None:
+        """``task`` has read its sources (its messages are built)."""
+        if self.reads is not None:
+            self.reads.started(task)
+
+    def task_ended(self, task: Task) -> None:
+        """``task`` has ended (its node has published, or it was contained)."""
+        if self.reads is not None:
+            self.reads.finished(task)
 
     def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0,
                  report_reads: bool = True) -> None:
         """One task: :meth:`start_task`, the algorithm's local training, :meth:`finish_task`; the store hears
         when it has read its sources and when it has ended (unless not ``report_reads``: the sharded
         executor reports a level's tasks once every process holds them)."""
-        store = self.state.store
         started = self.start_task(task, accounting, evaluate, exchange)
         if report_reads:
-            store.task_started(task)
+            self.sources_read(task)
         if started is not None:
             ctx, record = started
             record.loss = self.state.algorithm.local_train(ctx)
             self.finish_task(ctx, record, accounting, evaluate)
         if report_reads:
-            store.task_finished(task)
+            self.task_ended(task)
 
     def start_task(self, task: Task, accounting: RoundAccounting, evaluate: bool,
                    exchange: int = 0) -> tuple[TaskContext, ClientRecord] | None:

@@ -133,7 +133,9 @@ class RunSettings:
         check_memory_format(self.memory_format)
         check_matmul_precision(self.matmul_precision)
         check_benchmark(self.benchmark)
-        check_bool("cuda_graphs", self.cuda_graphs)
+        if check_bool("cuda_graphs", self.cuda_graphs) and self.batched_clients:
+            raise ValueError("cuda_graphs: batched_clients trains clients with its own batched step, which is not "
+                             "captured; set one of them false")
         normalise("diagnostics", check_diagnostics(self.diagnostics))
         check_int("diag_every", self.diag_every, 1)
         check_accelerator(self.accelerator)

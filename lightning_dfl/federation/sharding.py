@@ -109,6 +109,11 @@ class ShardedExecutor(SerialExecutor):
     #: a task's callbacks' changes travel to the other processes as it ends: its finite check is read first
     selects_without_reading = False
 
+    @classmethod
+    def check_run(cls, algorithm: Any, callbacks: list[Any]) -> None:
+        """:func:`check_shardable`."""
+        check_shardable(algorithm, callbacks)
+
     def __init__(self, state: FederationState) -> None:
         super().__init__(state)
         fabric = state.worker.fabric
@@ -131,7 +136,6 @@ class ShardedExecutor(SerialExecutor):
         mine = _LoggedAccounting(plan.round_idx, observer=accounting.observer)  # its own told in its tasks
         stateful = self._stateful()
         self.begin_round(plan)
-        store = self.state.store
         for level in plan.levels():
             before = [obj.shard_snapshot() for obj in stateful]
             deltas: dict[int, list[Any]] = {}
@@ -145,8 +149,8 @@ class ShardedExecutor(SerialExecutor):
                 obj.shard_rollback(mark)
             self._sync_store([task.node for task in level])
             for task in level:  # every process has the level's models now; none reads the old ones again
-                store.task_started(task)
-                store.task_finished(task)
+                self.sources_read(task)
+                self.task_ended(task)
             gathered: list[dict[int, list[Any]]] = [{} for _ in range(self.world_size)]
             dist.all_gather_object(gathered, deltas, group=self.group)
             for position in range(len(level)):

@@ -21,7 +21,7 @@ class StartReads:
     A node's start-of-round model is read by every task that lists it as a non-fresh source (when the
     task starts: its messages) and by the node's own task (the model it starts from, and falls back to
     when its update is non-finite: until the task ends). :meth:`started` and :meth:`finished` report them
-    (through the store's ``task_started`` and ``task_finished``).
+    (the executor's ``sources_read`` and ``task_ended``).
     Nodes without a task keep their one model and are never released.
     """
 

@@ -101,7 +101,7 @@ def graph_backend(device: torch.device) -> Any:
     return CudaGraphs(device) if device.type == "cuda" else None
 
 
-def check_graphable(algorithm: Any, module: Any, precision: Any, callbacks: list[Any], batched: bool) -> None:
+def check_graphable(algorithm: Any, module: Any, precision: Any, callbacks: list[Any]) -> None:
     """Raise ``ValueError`` naming the reason unless the run's local steps can be captured (module docstring)."""
     from lightning.pytorch import LightningModule
 
@@ -129,9 +129,6 @@ def check_graphable(algorithm: Any, module: Any, precision: Any, callbacks: list
     if precision in ("16-mixed", "16", 16):
         raise ValueError(f"cuda_graphs: precision {precision!r} scales the loss with a gradient scaler, which is not "
                          "supported with graphs; use 32-true or bf16-mixed")
-    if batched:
-        raise ValueError("cuda_graphs: batched_clients trains clients with its own batched step, which is not "
-                         "captured; set one of them false")
 
 
 class StepGraphs:

@@ -8,8 +8,8 @@ the model a node published at the start of the round (a snapshot) or the one it 
 
 :class:`ClientStore` is an abstract base: it holds no model. It owns what does not depend on how a model
 is kept: the node names and device, the checks of the arguments, the per-node slot pointers of the
-published fields and which nodes have written this round, the declared fields, the round's start-of-round
-reads (:class:`~lightning_dfl.federation.start_reads.StartReads`), and the checks of a checkpoint's fields.
+published fields and which nodes have written this round, the declared fields, and the checks of a
+checkpoint's fields.
 Its two implementations keep the models: :class:`~lightning_dfl.federation.store.dense.DenseClientStore`
 (``FederatedTrainer(store="dense")``, two dense slots per node) and
 :class:`~lightning_dfl.federation.store.compact.CompactClientStore` (``store="compact"``, one record of
@@ -28,17 +28,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from lightning_dfl.federation.start_reads import StartReads
 from lightning_dfl.federation.store.fields import ClientState, DeclaredFields, StateField
 from lightning_dfl.sparse.masks import Masks
-
-if TYPE_CHECKING:
-    from lightning_dfl.federation.plan import RoundPlan, Task
 
 __all__ = ["ClientStore", "FieldPairs"]
 
@@ -74,7 +70,6 @@ class ClientStore(ABC):
         #: per node, the slot of its current published fields (and of the dense store's models)
         self.slot = torch.zeros(num_nodes, dtype=torch.long)
         self._written: set[int] = set()  # the nodes that published in this round
-        self._reads: StartReads | None = None  # the running plan's reads of start-of-round models
         self._fields = DeclaredFields(num_nodes, self.masked_names, self._where())
         for spec in fields:
             self.declare(spec, template)
@@ -125,28 +120,9 @@ class ClientStore(ABC):
             raise RuntimeError(f"node {node}'s model of this round was read before it was published")
         return 1 - current
 
-    def begin_round(self, plan: RoundPlan | None) -> None:
-        """A plan starts: with ``plan`` the store follows its reads of start-of-round models
-        (:class:`~lightning_dfl.federation.start_reads.StartReads`) and calls :meth:`release_start` for each
-        node once no task will read its start-of-round model again; ``None`` (an algorithm that reads models
-        other than its plan's sources, see
-        :attr:`~lightning_dfl.federation.algorithms.base.Algorithm.reads_only_sources`): nothing is released."""
-        self._reads = StartReads(plan, self.release_start) if plan is not None else None
-
-    def task_started(self, task: Task) -> None:
-        """``task`` has read its sources (its messages are built)."""
-        if self._reads is not None:
-            self._reads.started(task)
-
-    def task_finished(self, task: Task) -> None:
-        """``task`` has ended (its node has published, or it was contained)."""
-        if self._reads is not None:
-            self._reads.finished(task)
-
     def end_round(self) -> None:
         """Make this round's published models the current ones (:meth:`_commit_round`), and the published
         fields' slots of the nodes that wrote."""
-        self._reads = None
         self._commit_round()
         for node in self._written:
             self.slot[node] = 1 - self.slot[node]
@@ -212,8 +188,8 @@ class ClientStore(ABC):
     # -- what each store implements -----------------------------------------------------
     @abstractmethod
     def release_start(self, node: int) -> None:
-        """Say that ``node``'s start-of-round model will not be read again in this round (called through
-        :meth:`begin_round`'s tracking)."""
+        """Say that ``node``'s start-of-round model will not be read again in this round (called by the
+        executor's :class:`~lightning_dfl.federation.start_reads.StartReads` after its last read)."""
 
     @abstractmethod
     def _commit_round(self) -> None:
