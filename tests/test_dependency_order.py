@@ -15,7 +15,7 @@ from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.algorithms import DADPFL
-from lightning_dfl.federation.executor import SerialExecutor
+from lightning_dfl.federation.executor import PlanRun, SerialExecutor
 from lightning_dfl.federation.plan import RoundPlan, Task
 from lightning_dfl.federation.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
@@ -68,7 +68,7 @@ class ShuffledExecutor(SerialExecutor):
         self.walks.append((reference, by_levels, _nodes(order), any(t.waits_for() for t in plan.tasks)))
         accounting = accounting if accounting is not None else RoundAccounting(plan.round_idx)
         for task in order:
-            self.run_task(task, accounting, evaluate, exchange)
+            self.run_task(task, PlanRun(accounting, evaluate, exchange))
         self.state.progress.end_tasks()
         return accounting
 

@@ -327,10 +327,10 @@ def test_containment_selected_on_the_device_equals_containment_after_reading(tmp
     selected = []
     publish = SerialExecutor._publish
 
-    def counting(self, ctx, record, accounting, evaluate, ok, fields):  # a device flag: chosen by selection
+    def counting(self, ctx, record, run, ok, fields):  # a device flag: chosen by selection
         if isinstance(ok, torch.Tensor):
             selected.append(ctx.node)
-        return publish(self, ctx, record, accounting, evaluate, ok, fields)
+        return publish(self, ctx, record, run, ok, fields)
 
     monkeypatch.setattr(SerialExecutor, "_publish", counting)
     with device_paths_on_cpu():

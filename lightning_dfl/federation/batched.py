@@ -62,7 +62,7 @@ from lightning_dfl.callbacks.base import federated_batch_hooks
 from lightning_dfl.deferred import accumulator_dtype
 from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.context import TaskContext
-from lightning_dfl.federation.executor import SerialExecutor
+from lightning_dfl.federation.executor import PlanRun, SerialExecutor
 from lightning_dfl.federation.functional_sgd import sgd_step
 from lightning_dfl.federation.local import task_batches
 from lightning_dfl.federation.plan import RoundPlan
@@ -221,13 +221,12 @@ class BatchedExecutor(SerialExecutor):
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
-        accounting = accounting if accounting is not None else RoundAccounting(
-            plan.round_idx, observer=self.state.diag)
+        run = self.plan_run(plan, evaluate, accounting, exchange)
         self.begin_round(plan)
         for level in plan.levels():
             group: list[_Started] = []
             for task in level:
-                begun = self.start_task(task, accounting, evaluate, exchange)
+                begun = self.start_task(task, run)
                 self.sources_read(task)
                 if begun is None:  # a server's task: done
                     self.task_ended(task)
@@ -236,12 +235,12 @@ class BatchedExecutor(SerialExecutor):
                 if not self._sized:
                     self._size_groups(group[-1])
                 if self.group_size is not None and len(group) == self.group_size:
-                    self._train_and_finish(group, accounting, evaluate)
+                    self._train_and_finish(group, run)
                     group = []
             if group:
-                self._train_and_finish(group, accounting, evaluate)
+                self._train_and_finish(group, run)
         self.state.progress.end_tasks()
-        return accounting
+        return run.accounting
 
     def _size_groups(self, item: _Started) -> None:
         """Choose :attr:`group_size` from memory with the first captured task that has a batch (its largest,
@@ -263,7 +262,7 @@ class BatchedExecutor(SerialExecutor):
         rank_zero_info(f"Batched clients: {limit} per step (one client's step takes about "
                        f"{format_bytes(per_client)}; {room} on {device})")
 
-    def _train_and_finish(self, group: list[_Started], accounting: RoundAccounting, evaluate: bool) -> None:
+    def _train_and_finish(self, group: list[_Started], run: PlanRun) -> None:
         """Train ``group`` together, then finish each of its tasks as the serial executor does."""
         t = self.state
         losses, weights = self._train_together(group)
@@ -273,7 +272,7 @@ class BatchedExecutor(SerialExecutor):
             t.worker.module.mask.load_(item.masks, apply=False)
             t.progress.train_dataloader = item.ctx.train_batches
             item.record.loss = loss
-            self.finish_task(item.ctx, item.record, accounting, evaluate)
+            self.finish_task(item.ctx, item.record, run)
             self.task_ended(item.ctx.task)
 
     def _capture(self, ctx: TaskContext, record: ClientRecord) -> _Started:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,6 +42,16 @@ def _within_bound(tensors: Iterable[Tensor], bound: float = PUBLISH_BOUND) -> li
         largest = torch.stack(torch._foreach_norm(group, math.inf))
         checks.append((largest <= min(bound, torch.finfo(dtype).max)).all())
     return checks
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    """What every task of a plan shares while the executor runs it: the round's ``accounting`` (records and
+    bytes), whether the round ``evaluates``, and which of the round's exchanges the plan is."""
+
+    accounting: RoundAccounting
+    evaluates: bool
+    exchange: int = 0
 
 
 #: the store field of a kept optimizer state entry (``Algorithm.keep_optimizer_state``)
@@ -80,14 +91,20 @@ class SerialExecutor:
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
         """Run ``plan`` (exchange ``exchange`` of its round); add to ``accounting`` (records, bytes)."""
-        accounting = accounting if accounting is not None else RoundAccounting(
-            plan.round_idx, observer=self.state.diag)
+        run = self.plan_run(plan, evaluate, accounting, exchange)
         self.begin_round(plan)
         for level in plan.levels():
             for task in level:
-                self.run_task(task, accounting, evaluate, exchange)
+                self.run_task(task, run)
         self.state.progress.end_tasks()
-        return accounting
+        return run.accounting
+
+    def plan_run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None,
+                 exchange: int) -> PlanRun:
+        """What :meth:`run`'s tasks share; a new accounting of the plan's round when none is given."""
+        if accounting is None:
+            accounting = RoundAccounting(plan.round_idx, observer=self.state.diag)
+        return PlanRun(accounting, evaluate, exchange)
 
     def begin_round(self, plan: RoundPlan) -> None:
         """The plan starts: when the algorithm reads nothing but its plan's sources
@@ -108,33 +125,31 @@ class SerialExecutor:
         if self.reads is not None:
             self.reads.finished(task)
 
-    def run_task(self, task: Task, accounting: RoundAccounting, evaluate: bool, exchange: int = 0,
-                 report_reads: bool = True) -> None:
+    def run_task(self, task: Task, run: PlanRun, report_reads: bool = True) -> None:
         """One task: :meth:`start_task`, the algorithm's local training, :meth:`finish_task`; the store hears
         when it has read its sources and when it has ended (unless not ``report_reads``: the sharded
         executor reports a level's tasks once every process holds them)."""
-        started = self.start_task(task, accounting, evaluate, exchange)
+        started = self.start_task(task, run)
         if report_reads:
             self.sources_read(task)
         if started is not None:
             ctx, record = started
             record.loss = self.state.algorithm.local_train(ctx)
-            self.finish_task(ctx, record, accounting, evaluate)
+            self.finish_task(ctx, record, run)
         if report_reads:
             self.task_ended(task)
 
-    def start_task(self, task: Task, accounting: RoundAccounting, evaluate: bool,
-                   exchange: int = 0) -> tuple[TaskContext, ClientRecord] | None:
+    def start_task(self, task: Task, run: PlanRun) -> tuple[TaskContext, ClientRecord] | None:
         """Everything before local training: messages, the server step (then done: ``None``) or the
         aggregation, the "aggregated" evaluation, the batches and the optimizer's set-up."""
         t, algorithm = self.state, self.state.algorithm
         store, worker, module, node = t.store, t.worker, t.worker.module, task.node
-        ctx = t.task_context(task, exchange)
+        ctx = t.task_context(task, run.exchange)
         messages = []
         for source in task.sources:
             message = algorithm.message(ctx, source)
             if source.node != node:  # a node's own model does not cross the network (the observer: diagnostics)
-                accounting.transfer(source.node, node, message.value_bytes, message.index_bytes)
+                run.accounting.transfer(source.node, node, message.value_bytes, message.index_bytes)
             messages.append(message)
         if not task.train:  # a server, or a gossip step: aggregate and publish
             store.publish(node, algorithm.server_step(ctx, messages), store.mask(node))
@@ -150,7 +165,7 @@ class SerialExecutor:
         module.mask.apply_()
         density, forward_flops = module.density_and_flops()  # one read of the mask's counts
         record = ClientRecord(client=node, density=density)
-        if evaluate:
+        if run.evaluates:
             record.acc_aggregated = algorithm.evaluate(ctx, "aggregated")
         generator = ctx.generator("data")
         torch.manual_seed(ctx.seed_of("torch"))
@@ -160,8 +175,7 @@ class SerialExecutor:
         self._restore_optimizer_state(ctx)
         return ctx, record
 
-    def finish_task(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting,
-                    evaluate: bool) -> None:
+    def finish_task(self, ctx: TaskContext, record: ClientRecord, run: PlanRun) -> None:
         """Everything after local training (``record.loss`` set, the worker trained): the finite check, the
         callbacks' pruning, the algorithm's published fields, then :meth:`_publish` of the trained outcome where
         the check holds, else of the fallback (:meth:`_publish`). The check is read (an ``if``), except on an
@@ -178,7 +192,7 @@ class SerialExecutor:
         fields = self.state.algorithm.publish_fields(ctx) if ok is True else None
         if fields and not self._fields_within_bound(fields):  # e.g. a delta beyond its float16 field's range
             ok, fields = False, None
-        self._publish(ctx, record, accounting, evaluate, ok, fields)
+        self._publish(ctx, record, run, ok, fields)
 
     def _after_training(self, ctx: TaskContext) -> bool:
         """The callbacks' ``on_client_train_end`` (pruning, votes) on a finite task; ``False``, with what they
@@ -197,8 +211,8 @@ class SerialExecutor:
             return False
         return True
 
-    def _publish(self, ctx: TaskContext, record: ClientRecord, accounting: RoundAccounting, evaluate: bool,
-                 ok: bool | Tensor, fields: dict[str, Any] | None) -> None:
+    def _publish(self, ctx: TaskContext, record: ClientRecord, run: PlanRun, ok: bool | Tensor,
+                 fields: dict[str, Any] | None) -> None:
         """A task's one ending. Its outcome where ``ok``: the trained model and mask with ``fields`` and the task's
         staged writes, then the mask search (``on_client_end``) for the mask it trains with next. Its fallback
         otherwise (a non-finite, or too large: :data:`PUBLISH_BOUND`, update is discarded): its start-of-round
@@ -223,7 +237,7 @@ class SerialExecutor:
                         worker.tensors[name].copy_(value)
                 module.mask.load_(self._select(ok, module.mask.masks, kept_mask), apply=False)
                 published_mask = self._select(ok, module.mask.masks, own_mask)
-        if evaluate:  # the model the node publishes (pruned, if a callback pruned; or restored)
+        if run.evaluates:  # the model the node publishes (pruned, if a callback pruned; or restored)
             record.acc_trained = t.algorithm.evaluate(ctx, "trained")
         self._commit(ctx)
         store.publish(node, own if ok is False else worker.tensors, published_mask, fields)
@@ -231,7 +245,7 @@ class SerialExecutor:
             record.nonfinite = True
         else:
             self._search(ctx, record, ok, None if ok is True else kept_mask)
-        accounting.records.append(record)
+        run.accounting.records.append(record)
         t.progress.train_dataloader = None
 
     def _search(self, ctx: TaskContext, record: ClientRecord, ok: bool | Tensor, kept_mask: Any) -> None:

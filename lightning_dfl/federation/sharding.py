@@ -38,7 +38,7 @@ from torch import Tensor
 from lightning_dfl.callbacks.base import SHARD_PROTOCOL, defined_hooks, speaks_shard_protocol
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.accounting import RoundAccounting
-from lightning_dfl.federation.executor import SerialExecutor
+from lightning_dfl.federation.executor import PlanRun, SerialExecutor
 from lightning_dfl.federation.plan import RoundPlan
 
 if TYPE_CHECKING:
@@ -131,9 +131,9 @@ class ShardedExecutor(SerialExecutor):
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
-        accounting = accounting if accounting is not None else RoundAccounting(
-            plan.round_idx, observer=self.state.diag)
+        accounting = self.plan_run(plan, evaluate, accounting, exchange).accounting
         mine = _LoggedAccounting(plan.round_idx, observer=accounting.observer)  # its own told in its tasks
+        run = PlanRun(mine, evaluate, exchange)
         stateful = self._stateful()
         self.begin_round(plan)
         for level in plan.levels():
@@ -143,7 +143,7 @@ class ShardedExecutor(SerialExecutor):
                 if self.owner(position) != self.rank:
                     continue
                 marks = [obj.shard_snapshot() for obj in stateful]
-                self.run_task(task, mine, evaluate, exchange, report_reads=False)
+                self.run_task(task, run, report_reads=False)
                 deltas[position] = [obj.shard_delta(m) for obj, m in zip(stateful, marks)]
             for obj, mark in zip(stateful, before):
                 obj.shard_rollback(mark)
