@@ -26,7 +26,7 @@ from lightning_dfl.federation.diagnostics import (
 from lightning_dfl.federation.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.start_reads import StartReads
 from lightning_dfl.federation.store import CompactClientStore, DenseClientStore, StateField
-from lightning_dfl.federation.store.factory import STORE_KINDS, check_store_kind
+from lightning_dfl.federation.store.factory import STORE_KINDS, check_store_kind, load_store_state
 from lightning_dfl.federation.store.memory import check_store_fits, compact_store_bytes, dense_store_bytes
 from lightning_dfl.federation.store.records import (
     _pack_torch,
@@ -340,8 +340,10 @@ def test_checkpoints_are_compact_and_either_store_loads_the_others(tmp_path):
     torch.save(state, path)
     loaded = torch.load(path, weights_only=True)
     for target in _pair(4):  # a dense and a compact store, fresh
-        target.load_state_dict(loaded)
+        load_store_state(target, loaded)
         assert_same(dense, target)
+    with pytest.raises(ValueError, match="a compact store's: load it with store.factory.load_store_state"):
+        _pair(4)[0].load_state_dict(loaded)
     compact_from_dense = _pair(4)[1]
     compact_from_dense.load_state_dict(dense.state_dict())
     assert_same(dense, compact_from_dense)

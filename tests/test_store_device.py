@@ -26,6 +26,7 @@ import lightning_dfl.transfers as transfers
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DisPFL
 from lightning_dfl.federation.store import CompactClientStore, DenseClientStore, StateField
+from lightning_dfl.federation.store.factory import load_store_state
 from lightning_dfl.federation.store.memory import (
     AUTO_KEEP_MIN_BYTES,
     GIB,
@@ -431,14 +432,14 @@ def test_a_store_on_the_gpu_takes_cpu_masks_and_matches_a_cpu_store_bit_for_bit(
     _cpu_state(state)
     for other in STORES.values():
         restored = other(TEMPLATE, MASKED, NODES, device="cuda:0", fields=FIELDS)
-        restored.load_state_dict(state)
+        load_store_state(restored, state)
         assert all(isinstance(t, Sim) for t in _held(restored))
         for node in range(NODES):
             _assert_same([{n: t.cpu() for n, t in part.items()} for part in store.published(node)],
                          [{n: t.cpu() for n, t in part.items()} for part in restored.published(node)])
         # and back to a CPU store: the same state
         on_cpu = STORES[kind](TEMPLATE, MASKED, NODES, fields=FIELDS)
-        on_cpu.load_state_dict(restored.state_dict())
+        load_store_state(on_cpu, restored.state_dict())
         for node in range(NODES):
             _assert_same(store.state(node).weights, on_cpu.state(node).weights)
             _assert_same(store.state(node).extras, on_cpu.state(node).extras)

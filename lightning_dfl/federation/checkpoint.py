@@ -33,6 +33,7 @@ from lightning_dfl.federation.checkpoint_io import (
 )
 from lightning_dfl.federation.federation_state import FederationState
 from lightning_dfl.federation.messages import PUBLISH_BOUND
+from lightning_dfl.federation.store.factory import load_store_state
 
 
 def _plain(value: Any) -> Any:
@@ -205,7 +206,7 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
     if type(next_round) is not int or next_round < 1 or next_round != rounds_held:
         raise CheckpointError(f"the checkpoint {str(path)!r} says next_round={next_round!r} but holds the metrics of "
                               f"{rounds_held} rounds: it is damaged or was edited (resume from another checkpoint)")
-    federation.store.load_state_dict(state["store"])
+    load_store_state(federation.store, state["store"])
     empty = next((node for node in range(federation.store.num_nodes)
                   if (masks := federation.store.mask(node)) and not any(bool(m.any()) for m in masks.values())), None)
     if empty is not None:

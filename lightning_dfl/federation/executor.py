@@ -23,6 +23,7 @@ from lightning_dfl.federation.context import TaskContext
 from lightning_dfl.federation.messages import PUBLISH_BOUND, dtype_bound
 from lightning_dfl.federation.plan import RoundPlan, Task
 from lightning_dfl.federation.start_reads import StartReads
+from lightning_dfl.federation.store.fields import OPTIMIZER_FIELD, OPTIMIZER_STARTED
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.federation_state import FederationState
@@ -52,11 +53,6 @@ class PlanRun:
     accounting: RoundAccounting
     evaluates: bool
     exchange: int = 0
-
-
-#: the store field of a kept optimizer state entry (``Algorithm.keep_optimizer_state``)
-OPTIMIZER_FIELD = "optimizer/{}"
-OPTIMIZER_STARTED = "optimizer/started"
 
 
 class SerialExecutor:

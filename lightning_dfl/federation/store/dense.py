@@ -10,11 +10,11 @@ The node's *current mask* (the one it trains with next, after RigL) is kept sepa
 published mask, since aggregation multiplies the neighbours' average by the receiver's current mask
 while each neighbour's model travels with the mask it was trained with (DisPFL Alg. 1, DA-DPFL Eq. 7).
 
-What both stores share (the declared fields, the slots, the round's reads, the checks) is
+What both stores share (the declared fields, the slots, the checks) is
 :class:`~lightning_dfl.federation.store.protocol.ClientStore`'s;
 :class:`~lightning_dfl.federation.store.compact.CompactClientStore` (``store="compact"``) has the same API
 and results and keeps each node's active values plus packed mask bits. A compact store's checkpoint is
-expanded through the record codec (:mod:`~lightning_dfl.federation.store.records`).
+expanded for a dense store by :func:`~lightning_dfl.federation.store.factory.load_store_state`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from torch import Tensor
 from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.federation.store.fields import StateField
 from lightning_dfl.federation.store.protocol import ClientStore
-from lightning_dfl.federation.store.records import FORMAT as COMPACT_FORMAT
-from lightning_dfl.federation.store.records import dense_state_dict
 from lightning_dfl.sparse.masks import Masks, count_active_together, zero_inactive_
 from lightning_dfl.transfers import copy_all_, to_device
 
@@ -194,10 +192,11 @@ class DenseClientStore(ClientStore):
 
     @torch.no_grad()
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output into this store (same nodes, names, fields and shapes); a
-        compact store's (:class:`~lightning_dfl.federation.store.compact.CompactClientStore`) is expanded."""
-        if state.get("format") == COMPACT_FORMAT:
-            state = dense_state_dict(state, self)
+        """Restore :meth:`state_dict`'s output into this store (same nodes, names, fields and shapes); a compact
+        store's is expanded by :func:`~lightning_dfl.federation.store.factory.load_store_state`."""
+        if "weights" not in state:
+            raise ValueError(f"a dense store loads a dense store's state (weights, masks, slots); this one holds "
+                             f"{sorted(state)} (a compact store's: load it with store.factory.load_store_state)")
         pairs = [(key, getattr(self, key), state[key]) for key in ("weights", "published_masks", "masks")]
         pairs += self._field_pairs(state)
         self._check_pairs(pairs)

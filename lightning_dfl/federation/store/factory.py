@@ -7,7 +7,7 @@ every node's initial model and mask.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,17 +15,18 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
-from lightning_dfl.federation.executor import OPTIMIZER_FIELD, OPTIMIZER_STARTED
 from lightning_dfl.federation.store.compact import CompactClientStore
 from lightning_dfl.federation.store.dense import DenseClientStore
-from lightning_dfl.federation.store.fields import StateField
+from lightning_dfl.federation.store.fields import OPTIMIZER_FIELD, OPTIMIZER_STARTED, StateField
 from lightning_dfl.federation.store.memory import check_store_fits, pin_store_memory, resolve_store_device, store_bytes
 from lightning_dfl.federation.store.protocol import ClientStore
+from lightning_dfl.federation.store.records import FORMAT as COMPACT_FORMAT
+from lightning_dfl.federation.store.records import dense_state_dict
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.sparse.masks import Masks
 
-__all__ = ["MASK_THREADS", "STORE_KINDS", "build_store", "check_store_kind", "initial_masks", "state_fields",
-           "store_class"]
+__all__ = ["MASK_THREADS", "STORE_KINDS", "build_store", "check_store_kind", "initial_masks", "load_store_state",
+           "state_fields", "store_class"]
 
 #: the client store backends of ``FederatedTrainer(store=...)``
 STORE_KINDS = ("dense", "compact")
@@ -105,3 +106,12 @@ def build_store(kind: str, where: str, worker: dict[str, Tensor], model: Any, fi
     for node, mask in enumerate(initial_masks(model, personal_masks, seed, num_clients, num_nodes)):
         store.initialize(node, shared, mask)
     return store
+
+
+def load_store_state(store: ClientStore, state: Mapping[str, Any]) -> None:
+    """Restore a saved store (``state_dict()`` of either backend) into ``store``: a compact store's records are
+    expanded into the dense layout for a dense store (:func:`~lightning_dfl.federation.store.records.dense_state_dict`);
+    a compact store compresses a dense one itself."""
+    if isinstance(store, DenseClientStore) and state.get("format") == COMPACT_FORMAT:
+        state = dense_state_dict(state, store)
+    store.load_state_dict(state)

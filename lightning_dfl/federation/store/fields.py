@@ -23,7 +23,12 @@ from lightning_dfl.transfers import copy_all_
 if TYPE_CHECKING:
     from lightning_dfl.federation.store.protocol import ClientStore
 
-__all__ = ["ClientFields", "ClientState", "DeclaredFields", "StateField"]
+__all__ = ["OPTIMIZER_FIELD", "OPTIMIZER_STARTED", "ClientFields", "ClientState", "DeclaredFields", "StateField"]
+
+#: the field of a kept optimizer state entry (``Algorithm.keep_optimizer_state``), and whether a client's optimizer
+#: has started (its first task starts it fresh)
+OPTIMIZER_FIELD = "optimizer/{}"
+OPTIMIZER_STARTED = "optimizer/started"
 
 
 @dataclass(frozen=True)

@@ -251,7 +251,8 @@ class ClientStore(ABC):
 
     @abstractmethod
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` of either store into this one."""
+        """Restore a :meth:`state_dict` into this store (either backend's:
+        :func:`~lightning_dfl.federation.store.factory.load_store_state`)."""
 
     @abstractmethod
     def nbytes(self) -> int:
