@@ -20,7 +20,7 @@ from lightning_dfl.deferred import read_values
 from lightning_dfl.stats import mean_std  # re-exported: the engine imports it from here
 
 #: the record's fields a task may leave as 0-dim device tensors until the round reads them
-_DEFERRED_FIELDS = ("loss", "acc_aggregated", "acc_trained", "density", "flops", "search_samples", "nonfinite")
+_DEFERRED_FIELDS = ("loss", "acc_aggregated", "acc_trained", "density", "flops", "search_samples", "contained")
 
 
 @dataclass
@@ -36,9 +36,11 @@ class ClientRecord:
     loss: float = float("nan")
     acc_aggregated: float | None = None
     acc_trained: float | None = None
-    #: its update was not finite (weights or loss) and was discarded: it published its start-of-round model
-    #: (a 0-dim bool on the device until read, when the task did not read its finite check)
-    nonfinite: bool | Tensor = False
+    #: its update was contained: not finite (weights, loss or staged fields) or beyond
+    #: :data:`~lightning_dfl.federation.messages.PUBLISH_BOUND`, and discarded: it published its start-of-round
+    #: model (a 0-dim bool on the device until read, when the task did not read its finite check). Reported as
+    #: ``nonfinite`` in clients.csv and ``faults/nonfinite_clients`` (the names users' plots read)
+    contained: bool | Tensor = False
     #: further per-client numbers an algorithm reports (``TaskContext.report``), as clients.csv columns
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -91,7 +93,7 @@ class RoundAccounting:
         for (record, name), value in zip(slots, values):
             setattr(record, name, value)
         for record in self.records:
-            record.search_samples, record.nonfinite = int(record.search_samples), bool(record.nonfinite)  # read as numbers
+            record.search_samples, record.contained = int(record.search_samples), bool(record.contained)  # read as numbers
             if any(isinstance(v, Tensor) for v in record.extra.values()):
                 record.extra = dict(zip(record.extra, read_values(list(record.extra.values()))))
 
@@ -100,7 +102,7 @@ class RoundAccounting:
         return [{
             "round": self.round_idx, "client": r.client, "density": r.density,
             "acc_aggregated": r.acc_aggregated, "acc_trained": r.acc_trained, "loss": r.loss,
-            "train_samples": r.train_samples, "flops": r.flops, "nonfinite": int(r.nonfinite),
+            "train_samples": r.train_samples, "flops": r.flops, "nonfinite": int(r.contained),
             "bytes_received": self.download.get(r.client, 0), "bytes_sent": self.upload.get(r.client, 0),
             **r.extra,
         } for r in sorted(self.records, key=lambda r: r.client)]
@@ -127,7 +129,7 @@ class RoundAccounting:
         out["flops/train_total"] = float(sum(flops))
         out["flops/train_per_client"] = float(sum(flops) / len(flops)) if flops else 0.0
         out["samples/train"] = float(sum(r.train_samples for r in records))
-        out["faults/nonfinite_clients"] = float(sum(r.nonfinite for r in records))
+        out["faults/nonfinite_clients"] = float(sum(r.contained for r in records))
         nodes = set(self.download) | set(self.upload)
         busiest = max((max(self.download[n], self.upload[n]) for n in nodes), default=0)
         busiest_mask = max((max(self.mask_download[n], self.mask_upload[n]) for n in nodes), default=0)

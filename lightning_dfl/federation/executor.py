@@ -238,7 +238,7 @@ class SerialExecutor:
         self._commit(ctx)
         store.publish(node, own if ok is False else worker.tensors, published_mask, fields)
         if ok is False:
-            record.nonfinite = True
+            record.contained = True
         else:
             self._search(ctx, record, ok, None if ok is True else kept_mask)
         run.accounting.records.append(record)
@@ -263,7 +263,7 @@ class SerialExecutor:
             t.store.set_mask(ctx.node, self._select(ok, module.mask.masks, kept_mask))
             record.search_samples = ok.long() * drawn
             record.flops = record.flops + ok.to(accumulator_dtype(ok.device)) * float(drawn * dense)
-            record.nonfinite = ~ok
+            record.contained = ~ok
             gained = [(c, c.shard_delta(mark)) for c, mark in marks]  # what this task's searches counted
             if gained:
                 self._unsettled.append((record, gained))
@@ -363,7 +363,7 @@ class SerialExecutor:
         """After the round read its records (:meth:`RoundAccounting.read_device_values`): take back what the
         mask searches of contained tasks counted (their masks were never used)."""
         for record, gained in self._unsettled:
-            if record.nonfinite:
+            if record.contained:
                 for callback, delta in gained:
                     callback.shard_apply(-delta)
         self._unsettled.clear()

@@ -36,7 +36,7 @@ class RoundOutcome:
     def check_finite(self, rounds: int, checkpoint_left: str) -> None:
         """``RunDiverged`` when every client that trained ended non-finite; ``checkpoint_left`` says what the run
         leaves to resume from."""
-        failed = sorted(r.client for r in self.accounting.records if r.nonfinite)
+        failed = sorted(r.client for r in self.accounting.records if r.contained)
         if failed and len(failed) == len(self.accounting.records):
             raise RunDiverged(
                 f"round {self.round_idx + 1} of {rounds}: every client that trained ({len(failed)}: {failed}) ended "
