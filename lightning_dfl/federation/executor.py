@@ -92,6 +92,7 @@ class SerialExecutor:
         for level in plan.levels():
             for task in level:
                 self.run_task(task, run)
+                self.reads_done(task)
         self.state.progress.end_tasks()
         return run.accounting
 
@@ -121,19 +122,20 @@ class SerialExecutor:
         if self.reads is not None:
             self.reads.finished(task)
 
-    def run_task(self, task: Task, run: PlanRun, report_reads: bool = True) -> None:
-        """One task: :meth:`start_task`, the algorithm's local training, :meth:`finish_task`; the store hears
-        when it has read its sources and when it has ended (unless not ``report_reads``: the sharded
-        executor reports a level's tasks once every process holds them)."""
+    def reads_done(self, task: Task) -> None:
+        """``task`` has read its sources and ended (:meth:`sources_read`, :meth:`task_ended`)."""
+        self.sources_read(task)
+        self.task_ended(task)
+
+    def run_task(self, task: Task, run: PlanRun) -> None:
+        """One task: :meth:`start_task`, the algorithm's local training, :meth:`finish_task`. The executor's
+        loop reports its reads after it (:meth:`reads_done`; the sharded executor once every process holds the
+        level's models)."""
         started = self.start_task(task, run)
-        if report_reads:
-            self.sources_read(task)
         if started is not None:
             ctx, record = started
             record.loss = self.state.algorithm.local_train(ctx)
             self.finish_task(ctx, record, run)
-        if report_reads:
-            self.task_ended(task)
 
     def start_task(self, task: Task, run: PlanRun) -> tuple[TaskContext, ClientRecord] | None:
         """Everything before local training: messages, the server step (then done: ``None``) or the

@@ -143,14 +143,13 @@ class ShardedExecutor(SerialExecutor):
                 if self.owner(position) != self.rank:
                     continue
                 marks = [obj.shard_snapshot() for obj in stateful]
-                self.run_task(task, run, report_reads=False)
+                self.run_task(task, run)
                 deltas[position] = [obj.shard_delta(m) for obj, m in zip(stateful, marks)]
             for obj, mark in zip(stateful, before):
                 obj.shard_rollback(mark)
             self._sync_store([task.node for task in level])
             for task in level:  # every process has the level's models now; none reads the old ones again
-                self.sources_read(task)
-                self.task_ended(task)
+                self.reads_done(task)
             gathered: list[dict[int, list[Any]]] = [{} for _ in range(self.world_size)]
             dist.all_gather_object(gathered, deltas, group=self.group)
             for position in range(len(level)):
