@@ -21,7 +21,6 @@ from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.clock import Clock
 from lightning_dfl.federation.context import CountingBatches, EvaluationContext, TaskContext
 from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
-from lightning_dfl.federation.plan import every_and_last
 from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.federation.worker import Worker
 
@@ -60,10 +59,6 @@ class RunSpec:
     precision: Any
     #: the trainer's other settings that change results (a checkpoint's identity): dropout, deadline, ...
     result_settings: dict[str, Any] = field(default_factory=dict)
-
-    def evaluates(self, round_idx: int) -> bool:
-        """Whether ``round_idx`` is an evaluated round: every ``eval_every``-th, and the last."""
-        return every_and_last(round_idx, self.eval_every, self.rounds)
 
 
 @dataclass(eq=False)

@@ -29,6 +29,7 @@ bit-identical to one process (tested with 2 gloo processes). An algorithm class 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,7 +39,7 @@ from torch import Tensor
 from lightning_dfl.callbacks.base import SHARD_PROTOCOL, defined_hooks, speaks_shard_protocol
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.accounting import RoundAccounting
-from lightning_dfl.federation.executor import PlanRun, SerialExecutor
+from lightning_dfl.federation.executor import SerialExecutor
 from lightning_dfl.federation.plan import RoundPlan
 
 if TYPE_CHECKING:
@@ -131,9 +132,9 @@ class ShardedExecutor(SerialExecutor):
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
-        accounting = self.plan_run(plan, evaluate, accounting, exchange).accounting
-        mine = _LoggedAccounting(plan.round_idx, observer=accounting.observer)  # its own told in its tasks
-        run = PlanRun(mine, evaluate, exchange)
+        run = self.plan_run(plan, evaluate, accounting, exchange)
+        mine = _LoggedAccounting(plan.round_idx, observer=run.accounting.observer)  # its own told in its tasks
+        own = dataclasses.replace(run, accounting=mine)  # what this process's tasks record
         stateful = self._stateful()
         self.begin_round(plan)
         for level in plan.levels():
@@ -143,7 +144,7 @@ class ShardedExecutor(SerialExecutor):
                 if self.owner(position) != self.rank:
                     continue
                 marks = [obj.shard_snapshot() for obj in stateful]
-                self.run_task(task, run)
+                self.run_task(task, own)
                 deltas[position] = [obj.shard_delta(m) for obj, m in zip(stateful, marks)]
             for obj, mark in zip(stateful, before):
                 obj.shard_rollback(mark)
@@ -160,10 +161,10 @@ class ShardedExecutor(SerialExecutor):
         mine.read_device_values()  # numbers, not device tensors, travel between processes
         dist.all_gather_object(shares, (mine.records, mine.log), group=self.group)
         for rank, (records, log) in enumerate(shares):
-            accounting.records.extend(records)
+            run.accounting.records.extend(records)
             for transfer in log:
-                accounting.transfer(*transfer, notify=rank != self.rank)  # the owner told its own in its task
-        return accounting
+                run.accounting.transfer(*transfer, notify=rank != self.rank)  # the owner told its own in its task
+        return run.accounting
 
     @torch.no_grad()
     def _sync_store(self, nodes: list[int]) -> None:
