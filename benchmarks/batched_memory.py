@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
-from lightning_dfl.federation.batched import client_step_bytes
+from lightning_dfl.federation.loop.batched import client_step_bytes
 from lightning_dfl.models import build_model
 
 RESULTS = Path(__file__).resolve().parent / "results"

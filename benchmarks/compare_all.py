@@ -37,7 +37,7 @@ import torch
 
 from lightning_dfl.cli import FederatedCLI
 from lightning_dfl.federation.algorithms import ALGORITHMS
-from lightning_dfl.federation.report import RunSummary, mean_client_density
+from lightning_dfl.federation.metrics.report import RunSummary, mean_client_density
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -43,7 +43,7 @@ from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.datamodules.datasets import DATASETS, ImageData, Split
 from lightning_dfl.federation.algorithms import DisPFL
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.models import build_model
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
@@ -86,11 +86,11 @@ def build(setting: dict[str, Any], seed: int) -> tuple[FederatedDataModule, Spar
 #: (file suffix, function) -> label: where a profiled round spends its time (cumulative; rows may nest:
 #: the RigL callback contains the regrowth gradient and the mask selection).
 PROFILED = {
-    ("federation/local.py", "train_locally"): "local training (masked model under Fabric)",
-    ("federation/evaluation.py", "accuracy"): "evaluations",
+    ("federation/algorithms/training.py", "train_locally"): "local training (masked model under Fabric)",
+    ("federation/metrics/evaluation.py", "accuracy"): "evaluations",
     ("federation/algorithms/base.py", "message"): "messages (views of the store, bytes counted)",
     ("federation/algorithms/base.py", "aggregate"): "masked aggregation (gather + average)",
-    ("federation/executor.py", "load"): "loading weights into the worker",
+    ("federation/loop/executor.py", "load"): "loading weights into the worker",
     ("federation/store/dense.py", "publish"): "publishing to the store",
     ("federation/store/dense.py", "set_mask"): "storing the next mask",
     ("callbacks/rigl.py", "on_client_end"): "RigL callback, total",

@@ -14,7 +14,7 @@ the step) and times ``--steps`` SGD steps (lr 0.1, weight decay 5e-4) on random 
 * cuDNN's algorithm search (``torch.backends.cudnn.benchmark``, the trainer's ``benchmark: true``): on in every
   setting but ``-heuristics``, which takes cuDNN's heuristics (PyTorch's default, and a run's unless set);
 * ``-graphed``: the step replayed from a CUDA graph, as the trainer's ``cuda_graphs: true`` does
-  (:class:`~lightning_dfl.federation.step_graphs.StepGraphs`; a CUDA GPU only);
+  (:class:`~lightning_dfl.federation.loop.step_graphs.StepGraphs`; a CUDA GPU only);
 * ``--batched G ...``: the batched executor's own training (``BatchedExecutor._train_together``: ``vmap`` over G
   stacked clients, then the multi-tensor masked SGD update), fp32, per batched step and per client step
   (what ``batched_clients: true`` would make of the 2,000 steps).
@@ -33,7 +33,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from lightning_dfl.federation import step_graphs
+from lightning_dfl.federation.loop import step_graphs
 from lightning_dfl.module import SparseClassifier
 
 SETTINGS = {  # name: (memory format, precision, norm, compile, cuDNN benchmark, CUDA graph)
@@ -117,7 +117,7 @@ def time_setting(name: str, arch: str, device: torch.device, batch: int, steps: 
 def time_batched(clients: int, arch: str, device: torch.device, batch: int, steps: int, warmup: int) -> float:
     """Seconds per batched step of ``clients`` clients, through the batched executor's own training code (each
     client with its own ERK mask; ``warmup`` steps first, then ``steps`` timed together)."""
-    from lightning_dfl.federation.batched import BatchedExecutor, _Started
+    from lightning_dfl.federation.loop.batched import BatchedExecutor, _Started
 
     module = SparseClassifier(arch=arch, density=0.5)
     module.build(num_classes=10, in_channels=3, image_size=32)

@@ -16,7 +16,7 @@ the topology), publishes the model it trained (zero outside its mask, as the mod
 (RigL: 10% of each layer's active weights moved). The store is measured after every task (the
 round's peak) and after ``end_round``: a round that keeps every start-of-round record to its end,
 then rounds whose records are freed after their last reader (what the executor does for DisPFL,
-:class:`~lightning_dfl.federation.start_reads.StartReads`) on DisPFL's time-varying topology (M = 10) and on a
+:class:`~lightning_dfl.federation.loop.start_reads.StartReads`) on DisPFL's time-varying topology (M = 10) and on a
 ring (M = 2); then one round in which every node prunes half of its active weights (DA-DPFL's PQI), to
 show the memory falling.
 
@@ -39,11 +39,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.start_reads import StartReads
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.exchange.topology import build_topology
+from lightning_dfl.federation.loop.start_reads import StartReads
 from lightning_dfl.federation.store import ClientStore, CompactClientStore, DenseClientStore
 from lightning_dfl.federation.store.memory import available_bytes
-from lightning_dfl.federation.topology import build_topology
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.sparse.masks import density, zero_inactive_

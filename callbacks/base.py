@@ -62,7 +62,7 @@ def defined_hooks(callback: Any, hooks: tuple[str, ...]) -> list[str]:
 
 
 #: what a callback implements so that what it counts in a task can be moved between processes (sharding) and
-#: taken back when the task is discarded (:mod:`lightning_dfl.federation.sharding`)
+#: taken back when the task is discarded (:mod:`lightning_dfl.federation.loop.sharded`)
 SHARD_PROTOCOL = ("shard_snapshot", "shard_delta", "shard_rollback", "shard_apply")
 
 

@@ -284,7 +284,7 @@ class PQIPruning(FederatedCallback):
                              "sparsity/mean": mean, "sparsity/std": std})
         self._round_sparsity.clear()
 
-    # -- sharded federations (lightning_dfl.federation.sharding) --------------------------
+    # -- sharded federations (lightning_dfl.federation.loop.sharded) --------------------------
     def shard_snapshot(self) -> tuple[int, int, int, int]:
         return len(self.history), len(self._round_sparsity), self._round_events, self._round_pruned
 

@@ -331,7 +331,7 @@ class RigL(FederatedCallback):
 
         return training_step_loss
 
-    # -- sharded federations (lightning_dfl.federation.sharding) --------------------------
+    # -- sharded federations (lightning_dfl.federation.loop.sharded) --------------------------
     def shard_snapshot(self) -> int:
         return self._num_updates
 

@@ -452,7 +452,7 @@ class PruningTimeVoting(FederatedCallback):
         if metrics:
             trainer.log_metrics(metrics)
 
-    # -- sharded federations (lightning_dfl.federation.sharding) --------------------------
+    # -- sharded federations (lightning_dfl.federation.loop.sharded) --------------------------
     def shard_snapshot(self) -> tuple[int, int, int]:
         return len(self._round_votes), len(self._round_scores), self._initial._version
 

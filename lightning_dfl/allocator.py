@@ -9,7 +9,7 @@ round (README, "Performance"). :func:`tune_allocator` raises both thresholds wit
 the environment variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` do, set from inside
 the process), so freed buffers stay in the heap and are reused.
 
-:class:`~lightning_dfl.federation.trainer.FederatedTrainer` calls it when ``fit`` starts (``lightning-dfl
+:class:`~lightning_dfl.federation.trainer.trainer.FederatedTrainer` calls it when ``fit`` starts (``lightning-dfl
 fit`` too), unless ``tune_allocator=False``. The setting is process-wide and cannot be undone; it has
 no effect where the C library is not glibc (macOS, Windows, musl) or where malloc has been replaced
 (jemalloc, tcmalloc through ``LD_PRELOAD``: those keep freed memory themselves).

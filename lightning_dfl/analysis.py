@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lightning_dfl.cost import CostModel, read_round_metrics, run_cost_curve
-from lightning_dfl.federation.dynamic_aggregation import format_schedule_table, schedule_table
+from lightning_dfl.federation.algorithms.dadpfl_waits import format_schedule_table, schedule_table
 
 
 def schedule(num_clients: int = 100, neighbors: list[int] = [2, 5, 10, 20, 50],  # noqa: B006

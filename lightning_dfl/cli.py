@@ -70,15 +70,15 @@ _CHOICES = {
     "dataset": ("lightning_dfl.datamodules.datasets", "DATASETS"),
     "partition": ("lightning_dfl.datamodules.partition", "PARTITIONERS"),
     "model": ("lightning_dfl.models", "MODELS"),
-    "topology": ("lightning_dfl.federation.topology", "TOPOLOGIES"),
+    "topology": ("lightning_dfl.federation.exchange.topology", "TOPOLOGIES"),
     "algorithm": ("lightning_dfl.federation.algorithms", "ALGORITHMS"),
     "regrowth": ("lightning_dfl.sparse.rigl", "REGROWTH_MODES"),
     "distribution": ("lightning_dfl.sparse.erk", "DISTRIBUTIONS"),
-    "clock_distribution": ("lightning_dfl.federation.clock", "DISTRIBUTIONS"),
+    "clock_distribution": ("lightning_dfl.federation.loop.clock", "DISTRIBUTIONS"),
     "update_interval": ("lightning_dfl.callbacks.rigl", "UPDATE_INTERVALS"),
     "store_device": ("lightning_dfl.federation.store.memory", "STORE_DEVICES"),
-    "memory_format": ("lightning_dfl.federation.kernels", "MEMORY_FORMATS"),
-    "matmul_precision": ("lightning_dfl.federation.kernels", "MATMUL_PRECISIONS"),
+    "memory_format": ("lightning_dfl.federation.trainer.kernel_settings", "MEMORY_FORMATS"),
+    "matmul_precision": ("lightning_dfl.federation.trainer.kernel_settings", "MATMUL_PRECISIONS"),
 }
 _FIXED_CHOICES = {"logger": ["true", "false", "csv", "tensorboard"], "store": ["dense", "compact"],
                   "diagnostics": ["auto", "true", "false"], "between": ["dirichlet", "pathological"]}
@@ -280,7 +280,7 @@ def _config_file(frames: Sequence[Any]) -> str | None:
 _CLASS_OPTIONS = {"trainer.algorithm": "algorithm",
                   "trainer.callbacks": ("RigL, PruningTimeVoting, PQIPruning (lightning_dfl.callbacks) or a Lightning "
                                         "callback's import path"),
-                  "trainer.clock": "Clock (lightning_dfl.federation.clock)"}
+                  "trainer.clock": "Clock (lightning_dfl.federation.loop.clock)"}
 
 
 def _unknown_class(option: str | None, value: str) -> str:

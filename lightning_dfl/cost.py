@@ -9,7 +9,7 @@ a correction factor of 5 from measured against theoretical GPU time)::
     C_total(theta) = (1 - theta) C_time + theta C_energy
 
 The mean delay comes from the simulated clock (0 for methods that do not wait; about 17 for
-DA-DPFL at M = N = 10, see :mod:`lightning_dfl.federation.dynamic_aggregation`). Pure numpy.
+DA-DPFL at M = N = 10, see :mod:`lightning_dfl.federation.algorithms.dadpfl_waits`). Pure numpy.
 """
 
 from __future__ import annotations

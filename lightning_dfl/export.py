@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dfl.checks import check_int, check_output_path
-from lightning_dfl.federation.checkpoint_io import read_state
 from lightning_dfl.federation.store.records import checkpoint_weights
+from lightning_dfl.federation.trainer.checkpoint_file import read_state
 from lightning_dfl.models import build_model
 from lightning_dfl.sparse.channels import ChannelMasks, channel_groups, export, masked_macs, masked_param_count
 from lightning_dfl.sparse.flops import profile_flops

@@ -17,8 +17,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_dfl.cli import PROG, HelpFormatter
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.checkpoint_io import check_file
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.checkpoint_file import check_file
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from lightning_dfl.checks import is_int
 from lightning_dfl.cost import CostCurve
 from lightning_dfl.errors import reading
-from lightning_dfl.federation.dynamic_aggregation import SchedulingStats
+from lightning_dfl.federation.algorithms.dadpfl_waits import SchedulingStats
 
 DPI = 100
 """Dots per inch of every figure (and of the saved raster files)."""
@@ -139,7 +139,7 @@ def _save(fig: Any, path: str | os.PathLike) -> Path:
 
 
 def _infer_max_waits(rows: Sequence[SchedulingStats]) -> list[int | None]:
-    """The N lines :func:`lightning_dfl.federation.dynamic_aggregation.schedule_table` most likely simulated.
+    """The N lines :func:`lightning_dfl.federation.algorithms.dadpfl_waits.schedule_table` most likely simulated.
 
     A given N appears as itself wherever it is below M; ``None`` (N = M) when every M has a row
     waiting for all its prior neighbours.
@@ -152,7 +152,7 @@ def _infer_max_waits(rows: Sequence[SchedulingStats]) -> list[int | None]:
 
 def plot_schedule(rows: Sequence[SchedulingStats], path: str | os.PathLike,
                   max_waits: Sequence[int | None] | None = None, title: str | None = None) -> Path:
-    """DA-DPFL Figs. 8-9 from :func:`~lightning_dfl.federation.dynamic_aggregation.schedule_table` rows; returns the path.
+    """DA-DPFL Figs. 8-9 from :func:`~lightning_dfl.federation.algorithms.dadpfl_waits.schedule_table` rows; returns the path.
 
     Left panel: parallelism against M, one colour per N (solid: share of clients starting at
     time 0, whose mean is ``1/(M+1)`` for every N >= 1, drawn dotted grey as the reference;
@@ -324,7 +324,7 @@ def plot_curves(runs: Mapping[str, Mapping[int, Mapping[str, float]]], metrics: 
 
 
 # ---------------------------------------------------------------------------------------------
-# Diagnostics of a run (lightning_dfl.federation.diagnostics)
+# Diagnostics of a run (lightning_dfl.federation.metrics.diagnostics)
 # ---------------------------------------------------------------------------------------------
 
 #: the figures :func:`plot_diagnostics` writes, by file name
@@ -357,7 +357,7 @@ def _read_diagnostics(run_dir: Path) -> dict[str, Any]:
 
     import numpy as np
 
-    from lightning_dfl.federation.diagnostics import FOLDER, read_matrix
+    from lightning_dfl.federation.metrics.diagnostics import FOLDER, read_matrix
 
     metrics_csv = run_dir / "metrics.csv"
     if not metrics_csv.is_file():

@@ -1,4 +1,4 @@
-"""A CPU stand-in for CUDA graphs: what ``lightning_dfl.federation.step_graphs`` captures, replayed as a GPU would.
+"""A CPU stand-in for CUDA graphs: what ``lightning_dfl.federation.loop.step_graphs`` captures, replayed as a GPU would.
 
 A CUDA graph records the kernels a block launches, each bound to the addresses of the tensors it reads and writes
 and to the Python values (scalars) it was called with, without running them; a replay runs those kernels again on
@@ -110,7 +110,7 @@ class RecordedGraph(TorchDispatchMode):
 
 
 class SimulatedGraphs:
-    """The CPU stand-in for :class:`~lightning_dfl.federation.step_graphs.CudaGraphs` (one stream: no side stream)."""
+    """The CPU stand-in for :class:`~lightning_dfl.federation.loop.step_graphs.CudaGraphs` (one stream: no side stream)."""
 
     def __init__(self) -> None:
         self.graphs: list[RecordedGraph] = []

@@ -8,10 +8,10 @@ from torch import nn
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation import batched
 from lightning_dfl.federation.algorithms import DPSGD, DFedSAM, DisPFL, Local
-from lightning_dfl.federation.batched import auto_group_size, check_batchable, client_step_bytes, memory_budget
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.loop import batched
+from lightning_dfl.federation.loop.batched import auto_group_size, check_batchable, client_step_bytes, memory_budget
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

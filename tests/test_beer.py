@@ -19,7 +19,7 @@ from lightning_dfl.federation.algorithms.beer import (
     gsgd,
     track_gradient,
 )
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

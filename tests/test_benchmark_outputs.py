@@ -162,7 +162,7 @@ def test_step_time_times_steps_replayed_from_graphs(monkeypatch):
     import torch
     from _graph_sim import SimulatedGraphs
 
-    from lightning_dfl.federation import step_graphs
+    from lightning_dfl.federation.loop import step_graphs
 
     backends = []
     monkeypatch.setattr(step_graphs, "graph_backend", lambda device: backends.append(SimulatedGraphs()) or backends[-1])

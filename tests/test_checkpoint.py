@@ -13,9 +13,9 @@ from _helpers import Kill
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DADPFL, DisPFL
-from lightning_dfl.federation.checkpoint_io import CheckpointError, read_state
-from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.loop.clock import Clock
+from lightning_dfl.federation.trainer.checkpoint_file import CheckpointError, read_state
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
@@ -290,7 +290,7 @@ def test_the_algorithms_and_the_clocks_state_are_restored(tmp_path):
 
 
 def _poisoned(source, target, poison):
-    from lightning_dfl.federation.checkpoint_io import write_state
+    from lightning_dfl.federation.trainer.checkpoint_file import write_state
 
     state = read_state(source)
     poison(state)

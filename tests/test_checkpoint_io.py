@@ -14,7 +14,7 @@ import pytest
 import torch
 from _helpers import assert_nested_same
 
-from lightning_dfl.federation.checkpoint_io import (
+from lightning_dfl.federation.trainer.checkpoint_file import (
     FORMAT,
     FORMAT_VERSION,
     SAFE_TO_CHANGE,
@@ -357,7 +357,7 @@ def test_a_compressed_huge_tensor_is_refused_from_the_zip_directory_alone(bomb, 
 
 
 def test_a_checkpoint_larger_than_the_available_memory_is_refused(tmp_path, monkeypatch):
-    from lightning_dfl.federation import checkpoint_io
+    from lightning_dfl.federation.trainer import checkpoint_file as checkpoint_io
 
     path = _good(tmp_path)
     monkeypatch.setattr(checkpoint_io, "_available_memory", lambda: 1000)

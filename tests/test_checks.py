@@ -69,7 +69,7 @@ def test_mean_std_of_nothing_is_nan():
 
 
 def test_accounting_reexports_the_shared_helper():
-    from lightning_dfl.federation import accounting
+    from lightning_dfl.federation.metrics import accounting
 
     assert accounting.mean_std is mean_std
 

@@ -16,7 +16,7 @@ import torch
 
 from lightning_dfl import cli
 from lightning_dfl.cli import main
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DADPFL = "--trainer.algorithm=lightning_dfl.federation.algorithms.DADPFL"
@@ -42,7 +42,7 @@ def _image_folder(root: Path, train=("ant", "bee"), test=("ant", "bee")) -> Path
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     """Tiny bad inputs on disk: data folders, config files and checkpoints."""
-    from lightning_dfl.federation.checkpoint_io import write_state
+    from lightning_dfl.federation.trainer.checkpoint_file import write_state
 
     tmp = tmp_path_factory.mktemp("bad_inputs")
     (tmp / "empty").mkdir()
@@ -403,7 +403,7 @@ def test_a_bad_checkpoint_leaves_no_run_folder(tmp_path, files, capsys):
 
 
 def test_a_checkpoint_holding_nan_is_refused_in_one_line_before_training(tmp_path, capsys, monkeypatch):
-    from lightning_dfl.federation.checkpoint_io import read_state, write_state
+    from lightning_dfl.federation.trainer.checkpoint_file import read_state, write_state
 
     blocked = FederatedTrainer.run_round
     monkeypatch.undo()  # the run that writes the checkpoint trains one round
@@ -436,7 +436,7 @@ def _nan_clock(state):
                          ids=["garbage_rigl_state", "nan_clock"])
 def test_a_checkpoint_whose_part_cannot_be_loaded_names_the_file_and_the_part(tmp_path, capsys, monkeypatch, damage,
                                                                              named):
-    from lightning_dfl.federation.checkpoint_io import read_state, write_state
+    from lightning_dfl.federation.trainer.checkpoint_file import read_state, write_state
 
     blocked = FederatedTrainer.run_round
     monkeypatch.undo()  # the run that writes the checkpoint trains one round
@@ -489,7 +489,7 @@ def test_every_client_diverging_is_one_line_naming_round_clients_and_cause(tmp_p
 
 
 def test_a_diverged_run_names_the_checkpoint_it_leaves_or_says_there_is_none(tmp_path):
-    from lightning_dfl.federation.checkpoint import checkpoint_left
+    from lightning_dfl.federation.trainer.checkpoint import checkpoint_left
 
     assert checkpoint_left(None, 0) == "No checkpoint was written (checkpoint_every=0)"
     assert checkpoint_left(None, 5) == "No checkpoint was written yet (checkpoint_every=5: the first after round 5)"

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from lightning_dfl.federation.algorithms import DADPFL, RoundContext
-from lightning_dfl.federation.clock import Clock, default_durations, finish_times
-from lightning_dfl.federation.dynamic_aggregation import simulate_round
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.algorithms.dadpfl_waits import simulate_round
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.loop.clock import Clock, default_durations, finish_times
 
 
 def _ctx(round_idx=0, num_clients=8, seed=0, durations=None):

@@ -14,8 +14,9 @@ from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.deferred import device_paths_on_cpu
 from lightning_dfl.federation.algorithms import BEER, DADPFL, PRISAM, PSFL, DFedAvgM, DFedSAM, DisPFL, GossipFL
-from lightning_dfl.federation.checkpoint_io import read_state
-from lightning_dfl.federation.diagnostics import (
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.loop.start_reads import StartReads
+from lightning_dfl.federation.metrics.diagnostics import (
     consensus_distances,
     flip_fractions,
     jaccard_matrix,
@@ -23,8 +24,6 @@ from lightning_dfl.federation.diagnostics import (
     packed_masks,
     popcount,
 )
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.start_reads import StartReads
 from lightning_dfl.federation.store import CompactClientStore, DenseClientStore, StateField
 from lightning_dfl.federation.store.factory import STORE_KINDS, check_store_kind, load_store_state
 from lightning_dfl.federation.store.memory import check_store_fits, compact_store_bytes, dense_store_bytes
@@ -36,7 +35,8 @@ from lightning_dfl.federation.store.records import (
     pack_bits_all,
     unpack_bits,
 )
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.checkpoint_file import read_state
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

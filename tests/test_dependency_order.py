@@ -13,11 +13,11 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.accounting import RoundAccounting
 from lightning_dfl.federation.algorithms import DADPFL
-from lightning_dfl.federation.executor import PlanRun, SerialExecutor
-from lightning_dfl.federation.plan import RoundPlan, Task
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.exchange.plan import RoundPlan, Task
+from lightning_dfl.federation.loop.executor import PlanRun, SerialExecutor
+from lightning_dfl.federation.metrics.accounting import RoundAccounting
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

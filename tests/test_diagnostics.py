@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation import diagnostics as D
 from lightning_dfl.federation.algorithms import DADPFL, DPSGD, PSFL, DFedSAM, DisPFL, FedAvg, Local
-from lightning_dfl.federation.context import RoundContext
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.algorithms.context import RoundContext
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.metrics import diagnostics as D
 from lightning_dfl.federation.store import DenseClientStore
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
@@ -340,7 +340,7 @@ def test_plot_command_errors(tmp_path, capsys):
 def test_the_round_accounting_is_the_one_byte_ledger():
     """``RoundAccounting.transfer`` counts a message and passes it on to its observer (the diagnostics),
     except a transfer replayed with ``notify=False``."""
-    from lightning_dfl.federation.accounting import RoundAccounting
+    from lightning_dfl.federation.metrics.accounting import RoundAccounting
 
     class Recorder:
         def __init__(self):

@@ -11,14 +11,13 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import DPSGD, FedAvg, Local, TopologyAlgorithm
-from lightning_dfl.federation.algorithms.base import average_messages
-from lightning_dfl.federation.algorithms.gossip import parallel_plan
-from lightning_dfl.federation.messages import TopKCodec
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.algorithms.base import average_messages, parallel_plan
+from lightning_dfl.federation.exchange.aggregation import masked_average
+from lightning_dfl.federation.exchange.messages import TopKCodec
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.store import DenseClientStore, StateField
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

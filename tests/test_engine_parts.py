@@ -11,13 +11,13 @@ import torch
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DisPFL, Local
-from lightning_dfl.federation.batched import BatchedExecutor
-from lightning_dfl.federation.build import executor_for
-from lightning_dfl.federation.executor import SerialExecutor
-from lightning_dfl.federation.plan import Task
-from lightning_dfl.federation.settings import RunSettings
-from lightning_dfl.federation.sharding import ShardedExecutor
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.exchange.plan import Task
+from lightning_dfl.federation.loop.batched import BatchedExecutor
+from lightning_dfl.federation.loop.executor import SerialExecutor
+from lightning_dfl.federation.loop.sharded import ShardedExecutor
+from lightning_dfl.federation.trainer.build import executor_for
+from lightning_dfl.federation.trainer.settings import RunSettings
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 

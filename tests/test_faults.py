@@ -11,10 +11,10 @@ import torch
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DisPFL, FedAvg
-from lightning_dfl.federation.checkpoint_io import read_state
-from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.interrupts import Interrupted, resume_command
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.loop.clock import Clock
+from lightning_dfl.federation.trainer.checkpoint_file import read_state
+from lightning_dfl.federation.trainer.interrupts import Interrupted, resume_command
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
@@ -280,7 +280,7 @@ def test_a_run_in_which_no_client_meets_the_deadline_warns_that_it_has_no_accura
 
 
 def test_a_second_signal_during_the_checkpoint_write_waits_for_the_file_and_names_it(tmp_path, monkeypatch):
-    import lightning_dfl.federation.checkpoint as checkpoint
+    import lightning_dfl.federation.trainer.checkpoint as checkpoint
 
     write = checkpoint.write_state
     written = []
@@ -314,7 +314,7 @@ def test_containment_selected_on_the_device_equals_containment_after_reading(tmp
     RigL's count of the discarded search. The run equals the CPU's, which reads and branches: metrics, clients.csv,
     every stored model and mask, RigL's state. A DA-DPFL task, whose callbacks change the trained model, reads."""
     from lightning_dfl.deferred import device_paths_on_cpu
-    from lightning_dfl.federation.executor import SerialExecutor
+    from lightning_dfl.federation.loop.executor import SerialExecutor
 
     def run(folder):
         model, dm = _parts()
@@ -448,7 +448,7 @@ def test_a_model_beyond_its_messages_float16_range_is_contained_at_the_sender(tm
 def test_a_checkpoint_holding_weights_beyond_the_publish_bound_is_refused(tmp_path, value):
     """Finite but huge weights in a checkpoint (edited, or from an older version) would spread from the resumed
     round on: refused at load with the bound applied at send time, naming the client and the parameter."""
-    from lightning_dfl.federation.checkpoint_io import CheckpointError
+    from lightning_dfl.federation.trainer.checkpoint_file import CheckpointError
 
     model, dm = _parts()
     trainer = _trainer(DisPFL(num_neighbors=2), rounds=2, checkpoint_every=1, default_root_dir=str(tmp_path))

@@ -8,11 +8,11 @@ import torch
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.callbacks.rigl import RigL
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms import DPSGD, DisPFL, FedAvg, Local
-from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.plan import RoundPlan
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.exchange.aggregation import masked_average
+from lightning_dfl.federation.exchange.plan import RoundPlan
+from lightning_dfl.federation.loop.clock import Clock
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
@@ -185,7 +185,7 @@ def test_dispfl_in_16_true_stays_finite():
     ({"local_epochs": -1}, "local_epochs must be an integer >= 0"),
     ({"client_speeds": [1.0, 0.0]}, "client_speeds must all be > 0"),
     ({"client_speeds": [1.0], "clock": Clock()}, "client_speeds or a clock, not both"),
-    ({"clock": "fast"}, "clock must be a lightning_dfl.federation.clock.Clock, got str"),
+    ({"clock": "fast"}, "clock must be a lightning_dfl.federation.loop.clock.Clock, got str"),
     ({"cpu_threads": 0}, "cpu_threads must be an integer >= 1, got 0"),
     ({"checkpoint_every": 1.5}, "checkpoint_every .0: never. must be an integer >= 0, got 1.5"),
     # from Python, not the CLI: each once ended in a TypeError/AttributeError deep inside set-up or the first round
@@ -217,7 +217,7 @@ def test_num_neighbors_must_be_an_integer(algorithm):
 
 def test_a_user_algorithm_from_the_readme_runs_as_a_chain():
     from lightning_dfl.federation.algorithms import Algorithm
-    from lightning_dfl.federation.plan import Source, Task
+    from lightning_dfl.federation.exchange.plan import Source, Task
 
     class Chain(Algorithm):
         name = "chain"

@@ -15,7 +15,7 @@ from lightning_dfl.federation.algorithms.fedfomo import (
     fomo_combine,
     fomo_weights,
 )
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_dfl.federation.functional_sgd import sgd_step
+from lightning_dfl.federation.loop.functional_sgd import sgd_step
 
 
 @pytest.mark.parametrize("momentum, weight_decay, dampening, nesterov", [
@@ -51,7 +51,7 @@ def test_sgd_step_changes_nothing_in_place():
 def test_the_batched_loss_is_the_mean_cross_entropy_of_the_real_samples():
     """The batched step's loss (``batched._weighted_cross_entropy``): with every sample real it is PyTorch's mean
     cross-entropy; padded samples (weight 0) change nothing."""
-    from lightning_dfl.federation.batched import weighted_cross_entropy
+    from lightning_dfl.federation.loop.batched import weighted_cross_entropy
 
     generator = torch.Generator().manual_seed(1)
     logits, labels = torch.randn(6, 10, generator=generator, dtype=torch.float64), torch.arange(6) % 10

@@ -15,11 +15,11 @@ from _graph_sim import SimulatedGraphs
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.deferred import device_paths_on_cpu, read_values
-from lightning_dfl.federation import step_graphs
 from lightning_dfl.federation.algorithms import DisPFL
-from lightning_dfl.federation.executor import SerialExecutor
+from lightning_dfl.federation.loop import step_graphs
+from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.store import DenseClientStore
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.rigl import rigl_masks
 from lightning_dfl.sparse.select import smallest_k_mask
@@ -151,7 +151,7 @@ def test_the_device_paths_give_the_cpu_paths_results_bit_for_bit(tmp_path, store
 def test_batched_clients_read_the_device_as_serial_tasks_do(monkeypatch, tmp_path, regrowth, reads):
     """A level of 4 clients trained together (``batched_clients``): the same reads as 4 serial tasks, none by
     gradient (after the first round, which sizes the groups from a measured step)."""
-    from lightning_dfl.federation.batched import BatchedExecutor
+    from lightning_dfl.federation.loop.batched import BatchedExecutor
 
     count = HostReads(monkeypatch)
     monkeypatch.setattr(BatchedExecutor, "run", count.in_round_one(BatchedExecutor.run))

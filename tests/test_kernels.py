@@ -9,14 +9,14 @@ from torch import nn
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DisPFL
-from lightning_dfl.federation.kernels import (
+from lightning_dfl.federation.trainer.kernel_settings import (
     apply_matmul_precision,
     apply_memory_format,
     input_converter,
     resolve_memory_format,
     slow_bfloat16,
 )
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.models import build_model
 from lightning_dfl.module import SparseClassifier
 

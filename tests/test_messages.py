@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from lightning_dfl.federation.aggregation import masked_average
-from lightning_dfl.federation.messages import (
+from lightning_dfl.federation.exchange.aggregation import masked_average
+from lightning_dfl.federation.exchange.messages import (
     CODECS,
     DenseCodec,
     GSGDCodec,

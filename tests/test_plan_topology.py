@@ -2,15 +2,15 @@ import numpy as np
 import pytest
 
 from lightning_dfl.federation.algorithms import DADPFL, RoundContext
-from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
-from lightning_dfl.federation.topology import (
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.exchange.topology import (
     FullTopology,
     InDegreeTopology,
     RingTopology,
     TimeVaryingTopology,
     build_topology,
 )
+from lightning_dfl.federation.loop.clock import Clock
 
 
 def test_time_varying_topology_has_exact_in_and_out_degree():

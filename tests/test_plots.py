@@ -12,7 +12,7 @@ Image = pytest.importorskip("PIL.Image")
 import lightning_dfl.plots as plots  # noqa: E402
 from lightning_dfl.cli import main  # noqa: E402
 from lightning_dfl.cost import CostCurve  # noqa: E402
-from lightning_dfl.federation.dynamic_aggregation import schedule_table  # noqa: E402
+from lightning_dfl.federation.algorithms.dadpfl_waits import schedule_table  # noqa: E402
 from lightning_dfl.plots import (  # noqa: E402
     check_plot_path,
     plot_cost_curves,

@@ -74,7 +74,7 @@ def test_names_in_registration_order():
 def test_project_registries_are_registries():
     from lightning_dfl.datamodules.datasets import DATASETS
     from lightning_dfl.datamodules.partition import PARTITIONERS
-    from lightning_dfl.federation.topology import TOPOLOGIES, FullTopology, RingTopology, build_topology
+    from lightning_dfl.federation.exchange.topology import TOPOLOGIES, FullTopology, RingTopology, build_topology
     from lightning_dfl.models import MODELS
 
     for reg, kind in ((MODELS, "model"), (DATASETS, "dataset"), (PARTITIONERS, "partition"),

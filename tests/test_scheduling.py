@@ -6,8 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.dynamic_aggregation import (
+from lightning_dfl.federation.algorithms.dadpfl_waits import (
     format_schedule_table,
     random_rounds,
     reuse_dependencies,
@@ -16,6 +15,7 @@ from lightning_dfl.federation.dynamic_aggregation import (
     simulate_round,
     simulate_rounds,
 )
+from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.pruning_time import PruningSchedule, detection_score, first_pruning_round, pruning_rounds, vote
 
 # --- Eq. 6: pruning rounds ---------------------------------------------------------------------
@@ -335,15 +335,18 @@ def _imports(module) -> list[str]:
 
 
 def test_the_schedules_sit_in_their_layers():
-    """DESIGN.md's layers: the pruning-time equations import nothing of the package but its checks; the
-    dynamic aggregation and PSFL's structure are pure (no engine module: no store, executor, trainer); the
-    clock times plans by the dynamic aggregation's one finish-time rule."""
+    """DESIGN.md's layers: the pruning-time equations import nothing of the package but its checks; DA-DPFL's
+    waits and PSFL's structure are pure (no engine module: no store, executor, trainer; the waits only the one
+    finish-time rule); the clock times plans by that same rule."""
+    import lightning_dfl.federation.algorithms.dadpfl_waits as dadpfl_waits
     import lightning_dfl.federation.algorithms.psfl_structure as psfl_structure
-    import lightning_dfl.federation.dynamic_aggregation as dynamic_aggregation
+    import lightning_dfl.federation.exchange.schedule as schedule
     import lightning_dfl.pruning_time as pruning_time
-    from lightning_dfl.federation import clock
+    from lightning_dfl.federation.loop import clock
 
     assert [m for m in _imports(pruning_time) if m.startswith("lightning_dfl")] == ["lightning_dfl.checks"]
-    for module in (dynamic_aggregation, psfl_structure):
-        assert [m for m in _imports(module) if m.startswith("lightning_dfl")] == ["lightning_dfl.checks"], module
-    assert clock.finish_times is dynamic_aggregation.finish_times
+    assert [m for m in _imports(psfl_structure) if m.startswith("lightning_dfl")] == ["lightning_dfl.checks"]
+    assert [m for m in _imports(dadpfl_waits) if m.startswith("lightning_dfl")] == [
+        "lightning_dfl.checks", "lightning_dfl.federation.exchange.schedule"]
+    assert [m for m in _imports(schedule) if m.startswith("lightning_dfl")] == []
+    assert clock.finish_times is schedule.finish_times is dadpfl_waits.finish_times

@@ -11,9 +11,9 @@ import torch
 from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.federation.algorithms import DPSGDFT, DisPFL, FedFomo
-from lightning_dfl.federation.checkpoint_io import read_state
-from lightning_dfl.federation.sharding import check_shardable
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.loop.sharded import check_shardable
+from lightning_dfl.federation.trainer.checkpoint_file import read_state
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 COMMON = ["--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--data.test_samples_per_client",

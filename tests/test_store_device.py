@@ -38,7 +38,7 @@ from lightning_dfl.federation.store.memory import (
     resolve_store_device,
     store_bytes,
 )
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.masks import ModelMask
 from lightning_dfl.transfers import copy_all_

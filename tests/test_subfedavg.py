@@ -15,8 +15,8 @@ from lightning_dfl.federation.algorithms.subfedavg import (
     magnitude_prune,
     prune_counts,
 )
-from lightning_dfl.federation.messages import Message
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.exchange.messages import Message
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from lightning_dfl.cli import main
 from lightning_dfl.federation.algorithms import ALGORITHMS
-from lightning_dfl.federation.report import HEADLINES, RunSummary, print_summary, progress_status
+from lightning_dfl.federation.metrics.report import HEADLINES, RunSummary, print_summary, progress_status
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -9,8 +9,8 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerSta
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import Local
-from lightning_dfl.federation.federation_state import FederationState
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.loop.state import FederationState
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 
@@ -38,9 +38,3 @@ def test_state_is_lightnings_trainer_state_and_the_engine_record_is_federation(t
     assert trainer.lightning_module is trainer.module is trainer.federation.worker.module
     with pytest.raises(AttributeError, match="has no attribute 'roundz'"):
         trainer.roundz  # noqa: B018
-
-
-def test_the_earlier_name_of_topology_algorithm_still_imports():
-    from lightning_dfl.federation.algorithms import GossipAlgorithm, TopologyAlgorithm
-
-    assert GossipAlgorithm is TopologyAlgorithm

@@ -22,7 +22,7 @@ from lightning_dfl.callbacks.voting import PruningTimeVoting, pack_bits, unpack_
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import DADPFL
 from lightning_dfl.federation.store import ClientFields, DenseClientStore, StateField
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.masks import ModelMask, sparsity
 

@@ -36,7 +36,7 @@ from lightning_dfl.federation.algorithms import (
     Local,
     SubFedAvg,
 )
-from lightning_dfl.federation.trainer import FederatedTrainer
+from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 PATH = Path(__file__).with_name("engine_runs.pt")

@@ -1,35 +1,47 @@
-"""Federated algorithms: each plans its rounds on the shared engine."""
+"""Federated algorithms: each plans its rounds on the shared engine.
 
-from lightning_dfl.federation.algorithms.base import (
-    Algorithm,
-    RoundContext,
-    TaskContext,
-    TopologyAlgorithm,
-)
-from lightning_dfl.federation.algorithms.beer import BEER
-from lightning_dfl.federation.algorithms.dadpfl import DADPFL
-from lightning_dfl.federation.algorithms.dfedavgm import DFedAvgM
-from lightning_dfl.federation.algorithms.dfedsam import DFedSAM
-from lightning_dfl.federation.algorithms.ditto import Ditto
-from lightning_dfl.federation.algorithms.fedavg import FedAvg
-from lightning_dfl.federation.algorithms.feddst import FedDST
-from lightning_dfl.federation.algorithms.fedfomo import FedFomo
-from lightning_dfl.federation.algorithms.finetune import DPSGDFT, FedAvgFT
-from lightning_dfl.federation.algorithms.gossip import DPSGD, DisPFL, Local
-from lightning_dfl.federation.algorithms.gossipfl import GossipFL
-from lightning_dfl.federation.algorithms.prisam import PRISAM
-from lightning_dfl.federation.algorithms.psfl import PSFL
-from lightning_dfl.federation.algorithms.subfedavg import SubFedAvg
-from lightning_dfl.registry import Registry
+The classes and :data:`ALGORITHMS` are imported on first use, so that the pure modules beside them
+(:mod:`~.dadpfl_waits`, :mod:`~.psfl_structure`) load without torch (the command line's analysis tools).
+"""
 
-#: the algorithms by name (``ALGORITHMS.get(name)`` names the allowed ones for an unknown name)
-_ALL = (DisPFL, DADPFL, DPSGD, Local, FedAvg, PSFL, FedAvgFT, DPSGDFT, Ditto, DFedAvgM, DFedSAM, FedDST, SubFedAvg,
-        FedFomo, GossipFL, BEER, PRISAM)
-ALGORITHMS: Registry = Registry("algorithm", [(cls.name, cls) for cls in _ALL])
+from __future__ import annotations
 
-__all__ = ["ALGORITHMS", "Algorithm", "BEER", "DADPFL", "DFedAvgM", "DFedSAM", "DPSGD", "DPSGDFT", "DisPFL", "Ditto", "FedAvg",
-           "FedAvgFT", "FedDST", "FedFomo", "TopologyAlgorithm", "GossipFL", "Local", "PRISAM", "PSFL", "RoundContext", "SubFedAvg", "TaskContext"]
+import importlib
+from typing import Any
 
-#: the earlier name of :class:`TopologyAlgorithm` (it means "has a topology": DisPFL and Local derive from it), kept
-#: so that user code written against it runs; new code names ``TopologyAlgorithm``
-GossipAlgorithm = TopologyAlgorithm
+#: class name -> the module (of this package) that defines it, in the registry's order
+_CLASSES = {
+    "DisPFL": "dispfl", "DADPFL": "dadpfl", "DPSGD": "dpsgd", "Local": "local", "FedAvg": "fedavg", "PSFL": "psfl",
+    "FedAvgFT": "finetune", "DPSGDFT": "finetune", "Ditto": "ditto", "DFedAvgM": "dfedavgm", "DFedSAM": "dfedsam",
+    "FedDST": "feddst", "SubFedAvg": "subfedavg", "FedFomo": "fedfomo", "GossipFL": "gossipfl", "BEER": "beer",
+    "PRISAM": "prisam",
+}
+_BASE = {"Algorithm": "base", "TopologyAlgorithm": "base", "RoundContext": "context", "TaskContext": "context",
+         "EvaluationContext": "context"}
+
+__all__ = sorted(["ALGORITHMS", *_CLASSES, *_BASE])
+
+
+def _registry() -> Any:
+    """:data:`ALGORITHMS`: the algorithms by name (``ALGORITHMS.get(name)`` names the allowed ones for an
+    unknown name)."""
+    from lightning_dfl.registry import Registry
+
+    classes = [__getattr__(name) for name in _CLASSES]
+    return Registry("algorithm", [(cls.name, cls) for cls in classes])
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ALGORITHMS":
+        value = _registry()
+    elif name in _CLASSES or name in _BASE:
+        module = importlib.import_module(f"{__name__}.{(_CLASSES | _BASE)[name]}")
+        value = getattr(module, name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -13,16 +13,16 @@ from lightning.pytorch import Callback
 from torch import Tensor
 
 from lightning_dfl.checks import check_int
-from lightning_dfl.federation.aggregation import masked_average
-from lightning_dfl.federation.context import EvaluationContext, RoundContext, TaskContext
-from lightning_dfl.federation.evaluation import deferred_accuracy
-from lightning_dfl.federation.local import train_locally
-from lightning_dfl.federation.messages import PUBLISH_BOUND, Message, gather_messages, masked_codec
-from lightning_dfl.federation.plan import RoundPlan, Source
+from lightning_dfl.federation.algorithms.context import EvaluationContext, RoundContext, TaskContext
+from lightning_dfl.federation.algorithms.training import train_locally
+from lightning_dfl.federation.exchange.aggregation import masked_average
+from lightning_dfl.federation.exchange.messages import PUBLISH_BOUND, Message, gather_messages, masked_codec
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.exchange.topology import FullTopology, Topology, build_topology
+from lightning_dfl.federation.metrics.evaluation import deferred_accuracy
 from lightning_dfl.federation.store import ClientStore, StateField
-from lightning_dfl.federation.topology import FullTopology, Topology, build_topology
 
-__all__ = ["Algorithm", "TopologyAlgorithm", "RoundContext", "TaskContext"]
+__all__ = ["Algorithm", "TopologyAlgorithm", "RoundContext", "TaskContext", "parallel_plan"]
 
 #: class flags the engine trusts, read with :meth:`Algorithm.declares`
 DECLARED_FLAGS = ("shardable", "reads_only_sources")
@@ -98,7 +98,7 @@ class Algorithm:
     keep_optimizer_state: tuple[str, ...] = ()
     #: whether its clients may be sharded across processes (``trainer.devices`` > 1): true when no hook
     #: run inside a task changes the algorithm's own Python state, or when it implements the sharding
-    #: protocol of :mod:`~lightning_dfl.federation.sharding`; read with :meth:`declares`
+    #: protocol of :mod:`~lightning_dfl.federation.loop.sharded`; read with :meth:`declares`
     shardable = False
     #: whether the only start-of-round models its tasks read (in any hook) are their plan's sources and
     #: their own node's: the executor then tells the store when a model's last reader has run, and the
@@ -261,7 +261,7 @@ class Algorithm:
 
     def message_bound(self) -> float:
         """The largest weight magnitude its messages carry: a trained model with a larger one is contained at its
-        sender (default :data:`~lightning_dfl.federation.messages.PUBLISH_BOUND`; one that sends float16 returns
+        sender (default :data:`~lightning_dfl.federation.exchange.messages.PUBLISH_BOUND`; one that sends float16 returns
         65504, so that no receiver gets an overflowed inf)."""
         return PUBLISH_BOUND
 
@@ -300,3 +300,13 @@ class TopologyAlgorithm(Algorithm):
 
     def neighbors(self, ctx: RoundContext) -> list[list[int]]:
         return self._topology.neighbors(ctx.num_clients, ctx.round_idx, ctx.rng)
+
+
+def parallel_plan(ctx: RoundContext, neighbors: list[list[int]]) -> RoundPlan:
+    """Every participating client aggregates itself and its participating neighbours' start-of-round
+    models, all in parallel."""
+    active = ctx.active_clients
+    taking_part = set(active)
+    tasks = [Task(node=k, sources=(Source(k), *(Source(j) for j in neighbors[k] if j in taking_part)))
+             for k in active]
+    return RoundPlan(ctx.round_idx, tasks)

@@ -38,20 +38,19 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext, TopologyAlgorithm
-from lightning_dfl.federation.algorithms.gossip import parallel_plan
-from lightning_dfl.federation.messages import GSGD_NOISES as NOISES  # noqa: F401 (re-exported)
-from lightning_dfl.federation.messages import (  # noqa: F401 (gsgd, its codec: BEER's default C, re-exported)
+from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext, TopologyAlgorithm, parallel_plan
+from lightning_dfl.federation.exchange.messages import GSGD_NOISES as NOISES  # noqa: F401 (re-exported)
+from lightning_dfl.federation.exchange.messages import (  # noqa: F401 (gsgd, its codec: BEER's default C, re-exported)
     Codec,
     GSGDCodec,
     Message,
     choose_codec,
     gsgd,
 )
-from lightning_dfl.federation.plan import RoundPlan, Source
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source
 from lightning_dfl.federation.store import StateField
 
-#: BEER's compressors C (codecs of :data:`~lightning_dfl.federation.messages.CODECS`; ``"identity"``: dense)
+#: BEER's compressors C (codecs of :data:`~lightning_dfl.federation.exchange.messages.CODECS`; ``"identity"``: dense)
 COMPRESSORS = ("gsgd", "top_k", "random_k", "identity")
 FIXED_TOPOLOGIES = ("ring", "full")
 #: grad F(X^t) - grad F(X^{t-1}) on the same minibatch (optim/BEER.py) or on each one's own (nda's BEER)

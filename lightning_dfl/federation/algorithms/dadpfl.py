@@ -8,8 +8,8 @@ from lightning_dfl.callbacks.pqi import PQIPruning
 from lightning_dfl.callbacks.rigl import RigL
 from lightning_dfl.callbacks.voting import PruningTimeVoting
 from lightning_dfl.federation.algorithms.base import RoundContext, TopologyAlgorithm
-from lightning_dfl.federation.dynamic_aggregation import reuse_dependencies
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.algorithms.dadpfl_waits import reuse_dependencies
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.sparse.rigl import REGROWTH_MODES
 
 

@@ -37,10 +37,9 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import is_number
-from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext, TopologyAlgorithm
-from lightning_dfl.federation.algorithms.gossip import parallel_plan
-from lightning_dfl.federation.messages import Message, build_codec, dtype_bound
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext, TopologyAlgorithm, parallel_plan
+from lightning_dfl.federation.exchange.messages import Message, build_codec, dtype_bound
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.store import StateField
 
 #: ``"original"``: Sun et al.'s mixing of the trained models; ``"da"``: the DA-DPFL authors' delta rule
@@ -61,7 +60,7 @@ class DFedAvgM(TopologyAlgorithm):
 
     Args:
         num_neighbors: M, the in-neighbours of each client per round (papers: 10).
-        topology: see :data:`lightning_dfl.federation.topology.TOPOLOGIES` (``time_varying``: W doubly stochastic).
+        topology: see :data:`lightning_dfl.federation.exchange.topology.TOPOLOGIES` (``time_varying``: W doubly stochastic).
         momentum: theta of the heavy-ball steps, in [0, 1) (000:202: 0.9).
         message_dtype: ``"float32"`` or ``"float16"`` (payload rounded to fp16, 2 bytes per value);
             ``None``: float32, or float16 for ``rule="da"`` (the only dtype that rule allows).

@@ -34,8 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.federation.algorithms.context import TaskContext
 from lightning_dfl.federation.algorithms.dfedavgm import DFedAvgM
-from lightning_dfl.federation.context import TaskContext
 
 #: the rho grid of 000:202
 RHO_GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -81,7 +81,7 @@ class DFedSAM(DFedAvgM):
 
     Args:
         num_neighbors: M, the in-neighbours of each client per round (papers: 10).
-        topology: see :data:`lightning_dfl.federation.topology.TOPOLOGIES`.
+        topology: see :data:`lightning_dfl.federation.exchange.topology.TOPOLOGIES`.
         momentum: theta of the base SGD, in [0, 1) (0.9).
         rho: the SAM radius, >= 0 (grid :data:`RHO_GRID`; 0.01 for CIFAR in the DA scripts).
         gossip_steps: Q, mixing steps per round (1: DFedSAM).

@@ -31,10 +31,10 @@ from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import TaskContext
+from lightning_dfl.federation.algorithms.context import EvaluationContext, RoundContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
-from lightning_dfl.federation.context import EvaluationContext, RoundContext
-from lightning_dfl.federation.local import train_locally
-from lightning_dfl.federation.plan import RoundPlan
+from lightning_dfl.federation.algorithms.training import train_locally
+from lightning_dfl.federation.exchange.plan import RoundPlan
 from lightning_dfl.federation.store import ClientStore, StateField
 from lightning_dfl.stats import mean_std
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 
 
 class FedAvg(Algorithm):

@@ -24,11 +24,11 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
-from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
-from lightning_dfl.federation.messages import Message, gather_messages, masked_codec
-from lightning_dfl.federation.plan import RoundPlan, Source
+from lightning_dfl.federation.exchange.aggregation import masked_average
+from lightning_dfl.federation.exchange.messages import Message, gather_messages, masked_codec
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source
 from lightning_dfl.sparse.masks import Masks
 from lightning_dfl.sparse.rigl import dense_gradients, rigl_masks
 from lightning_dfl.sparse.select import largest_k_mask

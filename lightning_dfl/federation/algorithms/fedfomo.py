@@ -30,9 +30,9 @@ from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext
-from lightning_dfl.federation.context import CountingBatches
-from lightning_dfl.federation.messages import Message
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.algorithms.context import CountingBatches
+from lightning_dfl.federation.exchange.messages import Message
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.store import StateField
 from lightning_dfl.seeding import derive_seed
 

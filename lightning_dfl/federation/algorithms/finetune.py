@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from lightning_dfl.checks import check_int
+from lightning_dfl.federation.algorithms.context import EvaluationContext
+from lightning_dfl.federation.algorithms.dpsgd import DPSGD
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
-from lightning_dfl.federation.algorithms.gossip import DPSGD
-from lightning_dfl.federation.context import EvaluationContext
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.stats import mean_std
 
@@ -119,7 +119,7 @@ class DPSGDFT(_FineTuned, DPSGD):
 
     Args:
         num_neighbors: M, the in-neighbours of each client per round.
-        topology: see :data:`lightning_dfl.federation.topology.TOPOLOGIES`.
+        topology: see :data:`lightning_dfl.federation.exchange.topology.TOPOLOGIES`.
         finetune_epochs: E of the fine-tuning; ``None`` (default): the trainer's local epochs (a full round).
     """
 

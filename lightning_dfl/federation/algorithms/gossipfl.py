@@ -29,11 +29,11 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext
-from lightning_dfl.federation.messages import Message, check_codec_choice, choose_codec
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.exchange.messages import Message, check_codec_choice, choose_codec
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.seeding import derive_seed
 
-#: the sparsifiers GossipFL offers (codecs of :data:`~lightning_dfl.federation.messages.CODECS`), with the
+#: the sparsifiers GossipFL offers (codecs of :data:`~lightning_dfl.federation.exchange.messages.CODECS`), with the
 #: settings it fixes: random-k's coordinates come from the pair's shared seed, so no index is sent
 COMPRESSORS = {"random_k": {"bytes_per_index": 0}, "top_k": {}}
 

@@ -16,11 +16,10 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import check_bool, check_int, is_number
-from lightning_dfl.federation.algorithms.base import Algorithm, TopologyAlgorithm
-from lightning_dfl.federation.algorithms.gossip import parallel_plan
-from lightning_dfl.federation.context import RoundContext, TaskContext
-from lightning_dfl.federation.messages import Message
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.algorithms.base import Algorithm, TopologyAlgorithm, parallel_plan
+from lightning_dfl.federation.algorithms.context import RoundContext, TaskContext
+from lightning_dfl.federation.exchange.messages import Message
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.store import StateField
 from lightning_dfl.grouping import GROUPING_METHODS, Grouping, compact, group_masks, nearest_labels
 from lightning_dfl.seeding import derive_seed
@@ -583,7 +582,7 @@ class PRISAM(TopologyAlgorithm):
             out["prisam/published_mib_x10"] = 10 * (sum(params) / len(params)) * 4 / 2 ** 20
         return out
 
-    # -- sharded federations (lightning_dfl.federation.sharding) ----------------------------
+    # -- sharded federations (lightning_dfl.federation.loop.sharded) ----------------------------
     def shard_snapshot(self) -> frozenset[int]:
         return frozenset(self._published)
 

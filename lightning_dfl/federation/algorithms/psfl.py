@@ -25,8 +25,8 @@ from torch import Tensor
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext, average_messages
 from lightning_dfl.federation.algorithms.psfl_structure import optimal_parallel_width, training_structure
-from lightning_dfl.federation.messages import Message
-from lightning_dfl.federation.plan import RoundPlan, Source, Task
+from lightning_dfl.federation.exchange.messages import Message
+from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.gradient_noise import batch_dependent_layers, minibatch_moments, per_sample_moments
 from lightning_dfl.sampling import SAMPLERS, build_sampler
 

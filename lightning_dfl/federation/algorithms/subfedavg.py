@@ -21,14 +21,14 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
-from lightning_dfl.federation.aggregation import masked_average
 from lightning_dfl.federation.algorithms.base import TaskContext
+from lightning_dfl.federation.algorithms.context import EvaluationContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
-from lightning_dfl.federation.context import EvaluationContext
-from lightning_dfl.federation.evaluation import accuracy
-from lightning_dfl.federation.local import train_locally
-from lightning_dfl.federation.messages import Message, gather_messages, masked_codec
-from lightning_dfl.federation.plan import Source
+from lightning_dfl.federation.algorithms.training import train_locally
+from lightning_dfl.federation.exchange.aggregation import masked_average
+from lightning_dfl.federation.exchange.messages import Message, gather_messages, masked_codec
+from lightning_dfl.federation.exchange.plan import Source
+from lightning_dfl.federation.metrics.evaluation import accuracy
 from lightning_dfl.sparse.masks import Masks
 from lightning_dfl.sparse.select import smallest_k_mask
 from lightning_dfl.stats import mean_std

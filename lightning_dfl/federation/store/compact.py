@@ -443,7 +443,7 @@ class CompactClientStore(ClientStore):
     def packed_published_masks(self, nodes: Sequence[int]) -> Tensor:
         """The nodes' current published masks as ``(len(nodes), words)`` int64 rows: each record's packed
         bits, names in order, zero-padded to whole words (no decoding). Any fixed packing serves the
-        diagnostics' popcounts (:func:`~lightning_dfl.federation.diagnostics.packed_masks`)."""
+        diagnostics' popcounts (:func:`~lightning_dfl.federation.metrics.diagnostics.packed_masks`)."""
         size = sum(-(-self.numels[n] // 8) for n in self.masked_names)
         out = torch.zeros((len(nodes), -(-size // 8) * 8), dtype=torch.uint8, device=self.device)
         if self.masked_names:

@@ -128,7 +128,7 @@ class DenseClientStore(ClientStore):
     def task_views(self, node: int) -> list[Tensor]:
         """Views of everything ``node``'s task writes this round: the slot it publishes into (weights,
         mask, value count, published fields), its current mask and its private fields. Processes that
-        share a federation (:mod:`~lightning_dfl.federation.sharding`) copy these from the task's owner."""
+        share a federation (:mod:`~lightning_dfl.federation.loop.sharded`) copy these from the task's owner."""
         slot = 1 - int(self.slot[node])
         views = [self.weights[n][slot, node] for n in self.names]
         views += [self.published_masks[n][slot, node] for n in self.masked_names]

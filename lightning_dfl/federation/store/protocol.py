@@ -189,7 +189,7 @@ class ClientStore(ABC):
     @abstractmethod
     def release_start(self, node: int) -> None:
         """Say that ``node``'s start-of-round model will not be read again in this round (called by the
-        executor's :class:`~lightning_dfl.federation.start_reads.StartReads` after its last read)."""
+        executor's :class:`~lightning_dfl.federation.loop.start_reads.StartReads` after its last read)."""
 
     @abstractmethod
     def _commit_round(self) -> None:
@@ -213,7 +213,7 @@ class ClientStore(ABC):
     def task_views(self, node: int) -> list[Tensor]:
         """Tensors holding everything ``node``'s task writes this round, in a fixed order: its published
         weights, mask and value count, its current mask and its fields. Processes that share a federation
-        (:mod:`~lightning_dfl.federation.sharding`) copy these from the task's owner."""
+        (:mod:`~lightning_dfl.federation.loop.sharded`) copy these from the task's owner."""
 
     @abstractmethod
     def mark_published(self, node: int) -> None:

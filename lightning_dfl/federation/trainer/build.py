@@ -1,6 +1,6 @@
 """``build_federation``: a run's set-up, from its settings, algorithm, callbacks, model and data to the pieces
 the round loop runs: Fabric (built once, with the module as its callback), the engine's record
-(:class:`~lightning_dfl.federation.federation_state.FederationState`) with the client store, the round planner
+(:class:`~lightning_dfl.federation.loop.state.FederationState`) with the client store, the round planner
 and the executor the settings ask for (serial, sharded across processes, or batched).
 
 The order is the run's contract: the data and the algorithm's checks first, then Fabric and the device (seeded),
@@ -19,12 +19,17 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
 
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation import step_graphs
-from lightning_dfl.federation.batched import BatchedExecutor
-from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.executor import SerialExecutor
-from lightning_dfl.federation.federation_state import FederationState, HookDispatch, RoundProgress, RunSpec
-from lightning_dfl.federation.kernels import (
+from lightning_dfl.federation.loop import step_graphs
+from lightning_dfl.federation.loop.batched import BatchedExecutor
+from lightning_dfl.federation.loop.clock import Clock
+from lightning_dfl.federation.loop.executor import SerialExecutor
+from lightning_dfl.federation.loop.planner import RoundPlanner
+from lightning_dfl.federation.loop.sharded import ShardedExecutor
+from lightning_dfl.federation.loop.state import FederationState, HookDispatch, RoundProgress, RunSpec
+from lightning_dfl.federation.loop.step_graphs import StepGraphs, check_graphable
+from lightning_dfl.federation.loop.worker import Worker
+from lightning_dfl.federation.store.factory import build_store, state_fields
+from lightning_dfl.federation.trainer.kernel_settings import (
     apply_benchmark,
     apply_matmul_precision,
     apply_memory_format,
@@ -32,12 +37,7 @@ from lightning_dfl.federation.kernels import (
     resolve_memory_format,
     slow_bfloat16,
 )
-from lightning_dfl.federation.participation import RoundPlanner
-from lightning_dfl.federation.settings import RunSettings
-from lightning_dfl.federation.sharding import ShardedExecutor
-from lightning_dfl.federation.step_graphs import StepGraphs, check_graphable
-from lightning_dfl.federation.store.factory import build_store, state_fields
-from lightning_dfl.federation.worker import Worker
+from lightning_dfl.federation.trainer.settings import RunSettings
 from lightning_dfl.module import SparseClassifier
 
 __all__ = ["Federation", "build_federation", "executor_for"]

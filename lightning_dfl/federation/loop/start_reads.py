@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lightning_dfl.federation.plan import RoundPlan, Task
+    from lightning_dfl.federation.exchange.plan import RoundPlan, Task
 
 __all__ = ["StartReads"]
 

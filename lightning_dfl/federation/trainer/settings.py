@@ -1,6 +1,6 @@
 """``RunSettings``: a federated run's settings, checked once when the trainer is built.
 
-The values a :class:`~lightning_dfl.federation.trainer.FederatedTrainer` takes besides its objects (the
+The values a :class:`~lightning_dfl.federation.trainer.trainer.FederatedTrainer` takes besides its objects (the
 algorithm, callbacks, logger and clock): sizes, devices, the store, faults, speed options. Each value is
 checked by the function of its concept (``check_processes`` in sharding, ``check_store_kind`` with the
 compact store, ...); the cross-field rules live here. Frozen: a run's settings do not change while it runs.
@@ -17,13 +17,17 @@ import torch
 from lightning.fabric.connector import _Connector
 
 from lightning_dfl.checks import check_bool, check_int, check_output_path
-from lightning_dfl.federation.diagnostics import AUTO_MAX_K, check_diagnostics
-from lightning_dfl.federation.kernels import check_benchmark, check_matmul_precision, check_memory_format
-from lightning_dfl.federation.participation import check_faults
-from lightning_dfl.federation.plan import every_and_last
-from lightning_dfl.federation.sharding import check_processes
+from lightning_dfl.federation.exchange.plan import every_and_last
+from lightning_dfl.federation.loop.planner import check_faults
+from lightning_dfl.federation.loop.sharded import check_processes
+from lightning_dfl.federation.metrics.diagnostics import AUTO_MAX_K, check_diagnostics
 from lightning_dfl.federation.store.factory import check_store_kind
 from lightning_dfl.federation.store.memory import check_store_device
+from lightning_dfl.federation.trainer.kernel_settings import (
+    check_benchmark,
+    check_matmul_precision,
+    check_memory_format,
+)
 
 __all__ = ["ACCELERATORS", "MAX_SEED", "RunSettings", "check_accelerator"]
 

@@ -36,7 +36,7 @@ run the closure twice), callbacks or a module with hooks inside the step (``on_b
 ``on_after_backward``, ``on_before_optimizer_step``), ``16-mixed`` (its gradient scaler's state is not checked
 here), batched clients, and a device other than a CUDA GPU. A capture that fails all the same (a model whose
 forward reads the device, say) is reported in a warning, and the run goes on with ordinary steps. An algorithm
-whose ``local_train`` takes no step through :func:`~lightning_dfl.federation.local.train_locally` (BEER's one
+whose ``local_train`` takes no step through :func:`~lightning_dfl.federation.algorithms.training.train_locally` (BEER's one
 gradient-tracking iteration) gets a warning at the end of the run: nothing was captured.
 """
 

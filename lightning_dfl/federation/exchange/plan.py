@@ -1,4 +1,4 @@
-"""A round as a plan of tasks with "after" edges (its clock: ``lightning_dfl.federation.clock``).
+"""A round as a plan of tasks with "after" edges (its clock: ``lightning_dfl.federation.loop.clock``).
 
 Parallel DFL (every task reads start-of-round models), DA-DPFL's in-round reuse (a task reads
 the fresh models of the prior neighbours it waits for), PSFL's chains (each task reads its

@@ -3,8 +3,8 @@
 Lightning callbacks look for ``current_round``-like progress, ``max_rounds``, ``is_global_zero``, ``log_dir``,
 ``loggers``, ``lightning_module``; the project's callbacks also keep per-client state through
 :meth:`TrainerView.client_state` and log through :meth:`TrainerView.log_metrics`. Every value is read from the
-trainer's settings (:class:`~lightning_dfl.federation.settings.RunSettings`) and its engine record
-(:class:`~lightning_dfl.federation.federation_state.FederationState`), never copied.
+trainer's settings (:class:`~lightning_dfl.federation.trainer.settings.RunSettings`) and its engine record
+(:class:`~lightning_dfl.federation.loop.state.FederationState`), never copied.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.context import CountingBatches, TaskFields
-from lightning_dfl.federation.settings import RunSettings
+from lightning_dfl.federation.algorithms.context import CountingBatches, TaskFields
 from lightning_dfl.federation.store.fields import ClientFields
+from lightning_dfl.federation.trainer.settings import RunSettings
 from lightning_dfl.module import SparseClassifier
 
 __all__ = ["TrainerView"]
 
 
 class TrainerView:
-    """The read side of :class:`~lightning_dfl.federation.trainer.FederatedTrainer` (module docstring); the
+    """The read side of :class:`~lightning_dfl.federation.trainer.trainer.FederatedTrainer` (module docstring); the
     trainer sets ``settings``, ``federation``, ``fabric``, ``logger`` and ``_datamodule``, ``_extra_metrics``."""
 
     settings: RunSettings
-    #: the engine's record of the federation (:class:`~lightning_dfl.federation.federation_state.FederationState`)
+    #: the engine's record of the federation (:class:`~lightning_dfl.federation.loop.state.FederationState`)
     federation: Any
     fabric: Any
     logger: Any

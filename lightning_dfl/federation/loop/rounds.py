@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_dfl.errors import RunDiverged
-from lightning_dfl.federation.accounting import RoundAccounting
-from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.diagnostics import personal_spread
-from lightning_dfl.federation.participation import RoundPlanner
+from lightning_dfl.federation.loop.clock import Clock
+from lightning_dfl.federation.loop.planner import RoundPlanner
+from lightning_dfl.federation.metrics.accounting import RoundAccounting
+from lightning_dfl.federation.metrics.diagnostics import personal_spread
 
 __all__ = ["RoundOutcome", "run_exchanges"]
 

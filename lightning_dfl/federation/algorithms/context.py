@@ -11,14 +11,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_dfl.federation.evaluation import accuracy
-from lightning_dfl.federation.plan import Task
+from lightning_dfl.federation.exchange.plan import Task
+from lightning_dfl.federation.metrics.evaluation import accuracy
 from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from lightning_dfl.federation.federation_state import RunSpec
-    from lightning_dfl.federation.worker import Worker
+    from lightning_dfl.federation.loop.state import RunSpec
+    from lightning_dfl.federation.loop.worker import Worker
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,9 @@ class TaskContext(_OnWorker):
     task: Task
     round_idx: int
     exchange: int
-    #: the run's fixed values (:class:`~lightning_dfl.federation.federation_state.RunSpec`)
+    #: the run's fixed values (:class:`~lightning_dfl.federation.loop.state.RunSpec`)
     spec: RunSpec
-    #: the worker (:class:`~lightning_dfl.federation.worker.Worker`): module, optimizer, Fabric, tensors, batches
+    #: the worker (:class:`~lightning_dfl.federation.loop.worker.Worker`): module, optimizer, Fabric, tensors, batches
     worker: Worker
     store: ClientStore
     call: Callable[..., None]
@@ -143,8 +143,8 @@ class TaskContext(_OnWorker):
     report: dict[str, float] = field(default_factory=dict)
     #: values the hooks of one task share (e.g. a proximal anchor)
     scratch: dict[str, Any] = field(default_factory=dict)
-    #: the worker's captured local steps (:class:`~lightning_dfl.federation.step_graphs.StepGraphs`), or ``None``:
-    #: :func:`~lightning_dfl.federation.local.train_locally` replays its steps from them
+    #: the worker's captured local steps (:class:`~lightning_dfl.federation.loop.step_graphs.StepGraphs`), or ``None``:
+    #: :func:`~lightning_dfl.federation.algorithms.training.train_locally` replays its steps from them
     step_graphs: Any = None
     #: the task's writes of its node's private fields (:meth:`write`), committed by the executor when the
     #: node publishes, and discarded with the rest of the update when the task is contained

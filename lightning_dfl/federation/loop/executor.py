@@ -18,20 +18,20 @@ from torch import Tensor
 
 from lightning_dfl.callbacks.base import defined_hooks, speaks_shard_protocol
 from lightning_dfl.deferred import accumulator_dtype, host_reads_are_cheap
-from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
-from lightning_dfl.federation.context import TaskContext
-from lightning_dfl.federation.messages import PUBLISH_BOUND, dtype_bound
-from lightning_dfl.federation.plan import RoundPlan, Task
-from lightning_dfl.federation.start_reads import StartReads
+from lightning_dfl.federation.algorithms.context import TaskContext
+from lightning_dfl.federation.exchange.messages import PUBLISH_BOUND, dtype_bound
+from lightning_dfl.federation.exchange.plan import RoundPlan, Task
+from lightning_dfl.federation.loop.start_reads import StartReads
+from lightning_dfl.federation.metrics.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.store.fields import OPTIMIZER_FIELD, OPTIMIZER_STARTED
 
 if TYPE_CHECKING:
-    from lightning_dfl.federation.federation_state import FederationState
-    from lightning_dfl.federation.settings import RunSettings
+    from lightning_dfl.federation.loop.state import FederationState
+    from lightning_dfl.federation.trainer.settings import RunSettings
 
 def _within_bound(tensors: Iterable[Tensor], bound: float = PUBLISH_BOUND) -> list[Tensor]:
     """0-dim bools, one per dtype, on the floating ``tensors``' device: every entry finite and of magnitude <=
-    ``bound`` (:data:`~lightning_dfl.federation.messages.PUBLISH_BOUND` by default; a dtype's own largest value
+    ``bound`` (:data:`~lightning_dfl.federation.exchange.messages.PUBLISH_BOUND` by default; a dtype's own largest value
     if smaller) (no read). One multi-tensor max-abs per dtype (``torch._foreach_norm`` of order infinity: a few
     kernel launches for the whole model on a GPU); NaN propagates into the maxima."""
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
@@ -57,7 +57,7 @@ class PlanRun:
 
 class SerialExecutor:
     """Runs every task of a plan in dependency order on the federation's one worker (``state``: the
-    :class:`~lightning_dfl.federation.federation_state.FederationState` the trainer built)."""
+    :class:`~lightning_dfl.federation.loop.state.FederationState` the trainer built)."""
 
     #: on an accelerator, a task may publish without reading its finite check (:meth:`_may_select`)
     selects_without_reading = True
@@ -106,7 +106,7 @@ class SerialExecutor:
     def begin_round(self, plan: RoundPlan) -> None:
         """The plan starts: when the algorithm reads nothing but its plan's sources
         (:attr:`~Algorithm.reads_only_sources`), follow the plan's reads of start-of-round models
-        (:class:`~lightning_dfl.federation.start_reads.StartReads`) so that the store frees each one after its
+        (:class:`~lightning_dfl.federation.loop.start_reads.StartReads`) so that the store frees each one after its
         last read (:meth:`~lightning_dfl.federation.store.protocol.ClientStore.release_start`); else none is
         freed."""
         reads_only_sources = type(self.state.algorithm).declares("reads_only_sources")  # inherited unless changed
@@ -314,7 +314,7 @@ class SerialExecutor:
     @torch.no_grad()
     def _fields_within_bound(self, fields: dict[str, Any]) -> bool:
         """Whether every floating value the task publishes as a field is finite and fits the field's dtype and
-        :data:`~lightning_dfl.federation.messages.PUBLISH_BOUND` (one read)."""
+        :data:`~lightning_dfl.federation.exchange.messages.PUBLISH_BOUND` (one read)."""
         specs = getattr(self.state.store, "field_specs", {})
         checks: list[Tensor] = []
         for name, value in fields.items():

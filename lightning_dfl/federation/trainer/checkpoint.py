@@ -7,7 +7,7 @@ and an identity (algorithm, seed, sizes, the model's and the data's settings) th
 must match. Nothing else is needed to continue bit for bit: every random stream is derived from
 ``(seed, stream, round, client)`` (:func:`lightning_dfl.seeding.derive_seed`) and kept optimizer
 state is a store field. The file
-format (plain data only, read weights-only) is :mod:`lightning_dfl.federation.checkpoint_io`'s.
+format (plain data only, read weights-only) is :mod:`lightning_dfl.federation.trainer.checkpoint_file`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_dfl.federation.checkpoint_io import (
+from lightning_dfl.federation.exchange.messages import PUBLISH_BOUND
+from lightning_dfl.federation.loop.state import FederationState
+from lightning_dfl.federation.store.factory import load_store_state
+from lightning_dfl.federation.trainer.checkpoint_file import (
     CheckpointError,
     StoreLayout,
     check_file,
@@ -31,9 +34,6 @@ from lightning_dfl.federation.checkpoint_io import (
     read_state,
     write_state,
 )
-from lightning_dfl.federation.federation_state import FederationState
-from lightning_dfl.federation.messages import PUBLISH_BOUND
-from lightning_dfl.federation.store.factory import load_store_state
 
 
 def _plain(value: Any) -> Any:
@@ -87,7 +87,7 @@ def _nonfinite(tensor: Any, allow_nan: bool = False) -> bool:
 
 
 def _too_large(tensor: Any) -> bool:
-    """Whether a floating ``tensor`` holds a value above :data:`~lightning_dfl.federation.messages.PUBLISH_BOUND`
+    """Whether a floating ``tensor`` holds a value above :data:`~lightning_dfl.federation.exchange.messages.PUBLISH_BOUND`
     in magnitude (finite or not)."""
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or not tensor.numel():
         return False
@@ -188,7 +188,7 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
     """Restore a set-up federation from ``path``; return the round to continue with.
 
     ``allow`` names identity keys that may differ from the checkpoint's (see
-    :func:`~lightning_dfl.federation.checkpoint_io.compare_identity`); accepted differences are logged.
+    :func:`~lightning_dfl.federation.trainer.checkpoint_file.compare_identity`); accepted differences are logged.
     """
     state = read_state(path, map_location=federation.store.device)
     check_parts(state, path, {"algorithm": federation.algorithm.state_dict(), "clock": federation.clock.state_dict()})

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_dfl.federation.context import CountingBatches
+from lightning_dfl.federation.algorithms.context import CountingBatches
 from lightning_dfl.transfers import copy_all_, to_device
 
 __all__ = ["Worker"]
@@ -33,7 +33,7 @@ class Worker:
     tensors: dict[str, Tensor]
     #: the precision's (and memory format's) conversion of a batch, or ``None``
     convert_input: Callable[[Any], Any] | None = None
-    #: the module's captured local steps (``cuda_graphs``: :mod:`~lightning_dfl.federation.step_graphs`), or ``None``
+    #: the module's captured local steps (``cuda_graphs``: :mod:`~lightning_dfl.federation.loop.step_graphs`), or ``None``
     step_graphs: Any = None
 
     @property

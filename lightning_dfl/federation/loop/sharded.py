@@ -38,12 +38,12 @@ from torch import Tensor
 
 from lightning_dfl.callbacks.base import SHARD_PROTOCOL, defined_hooks, speaks_shard_protocol
 from lightning_dfl.checks import check_int
-from lightning_dfl.federation.accounting import RoundAccounting
-from lightning_dfl.federation.executor import SerialExecutor
-from lightning_dfl.federation.plan import RoundPlan
+from lightning_dfl.federation.exchange.plan import RoundPlan
+from lightning_dfl.federation.loop.executor import SerialExecutor
+from lightning_dfl.federation.metrics.accounting import RoundAccounting
 
 if TYPE_CHECKING:
-    from lightning_dfl.federation.federation_state import FederationState
+    from lightning_dfl.federation.loop.state import FederationState
 
 __all__ = ["SHARD_PROTOCOL", "ShardedExecutor", "check_shardable"]
 
@@ -88,7 +88,7 @@ def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:
         if hooks and not speaks_shard_protocol(callback):
             raise ValueError(f"callback {type(callback).__name__} changes state in task hooks ({', '.join(hooks)}) "
                              f"but does not implement the sharding protocol ({', '.join(SHARD_PROTOCOL)}; see "
-                             "lightning_dfl.federation.sharding); use devices=1")
+                             "lightning_dfl.federation.loop.sharded); use devices=1")
 
 
 class _LoggedAccounting(RoundAccounting):

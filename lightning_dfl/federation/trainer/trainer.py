@@ -1,8 +1,8 @@
 """``FederatedTrainer``: a federated run's settings, its set-up and the round loop, on one worker under Fabric.
 
 The loop is explicit, as in Fabric's build-your-own-trainer example: :func:`build_federation` sets the run up once;
-per round :func:`~lightning_dfl.federation.round_outcome.run_exchanges` plans, runs and times the exchanges, and
-the metrics go to the Lightning loggers (:mod:`~lightning_dfl.federation.report`). Callbacks receive named hooks
+per round :func:`~lightning_dfl.federation.loop.rounds.run_exchanges` plans, runs and times the exchanges, and
+the metrics go to the Lightning loggers (:mod:`~lightning_dfl.federation.metrics.report`). Callbacks receive named hooks
 on the way. Nothing below this module imports it.
 """
 
@@ -20,18 +20,23 @@ from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.callbacks.base import merge_callbacks
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import mark_in_round, writing
-from lightning_dfl.federation import report
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
-from lightning_dfl.federation.build import build_federation
-from lightning_dfl.federation.checkpoint import check_resume_request, checkpoint_left, load_checkpoint, save_checkpoint
-from lightning_dfl.federation.clock import Clock, build_clock
-from lightning_dfl.federation.diagnostics import RunDiagnostics
-from lightning_dfl.federation.executor import SerialExecutor
-from lightning_dfl.federation.federation_state import FederationState
-from lightning_dfl.federation.interrupts import Interrupted, stop_requests
-from lightning_dfl.federation.round_outcome import run_exchanges
-from lightning_dfl.federation.settings import RunSettings
-from lightning_dfl.federation.trainer_view import TrainerView
+from lightning_dfl.federation.loop.clock import Clock, build_clock
+from lightning_dfl.federation.loop.executor import SerialExecutor
+from lightning_dfl.federation.loop.rounds import run_exchanges
+from lightning_dfl.federation.loop.state import FederationState
+from lightning_dfl.federation.metrics import report
+from lightning_dfl.federation.metrics.diagnostics import RunDiagnostics
+from lightning_dfl.federation.trainer.build import build_federation
+from lightning_dfl.federation.trainer.checkpoint import (
+    check_resume_request,
+    checkpoint_left,
+    load_checkpoint,
+    save_checkpoint,
+)
+from lightning_dfl.federation.trainer.interrupts import Interrupted, stop_requests
+from lightning_dfl.federation.trainer.settings import RunSettings
+from lightning_dfl.federation.trainer.view import TrainerView
 from lightning_dfl.module import SparseClassifier
 
 
@@ -60,7 +65,7 @@ class FederatedTrainer(TrainerView):
         seed: seed of every random stream (topology, sampling, data order, masks).
         client_speeds: relative compute speed of each client for the simulated clock (a task
             takes ``1 / speed`` time units; default all 1); a shortcut for ``clock=Clock(speeds=...)``.
-        clock: the simulated clock (:class:`~lightning_dfl.federation.clock.Clock`: per-client compute
+        clock: the simulated clock (:class:`~lightning_dfl.federation.loop.clock.Clock`: per-client compute
             times, fixed or drawn with per-round noise, and transfer times); default unit times.
         store_device: where client states live: ``"auto"`` the worker's GPU when the store fits with a quarter
             of its memory left for training, else the CPU (the choice is logged); ``"cpu"``; ``"worker"`` the
@@ -82,11 +87,11 @@ class FederatedTrainer(TrainerView):
             ``checkpoint_every`` may always change.
         diagnostics: log the run's diagnostics (``diag/*``: spectral gap of the realized mixing matrix,
             consensus distance, mask Jaccard and flips; the bytes and mask-Jaccard matrices in
-            ``<log_dir>/diagnostics/``; :mod:`~lightning_dfl.federation.diagnostics`): ``True``, ``False``
+            ``<log_dir>/diagnostics/``; :mod:`~lightning_dfl.federation.metrics.diagnostics`): ``True``, ``False``
             or ``"auto"`` (on when K <= 100).
         diag_every: compute the diagnostics every this many rounds (the last always).
         batched_clients: train each plan level's clients together with ``torch.func`` (stacked
-            parameters, ``vmap``; :mod:`~lightning_dfl.federation.batched`): the same results up to
+            parameters, ``vmap``; :mod:`~lightning_dfl.federation.loop.batched`): the same results up to
             float rounding, for the default local loop in 32-true or 64-true on models without dropout
             (ResNet18, VGG11, the CNNs; BatchNorm's running statistics are stacked per client).
         batched_group_size: with ``batched_clients``, at most this many clients per batched step; ``None``
@@ -144,7 +149,7 @@ class FederatedTrainer(TrainerView):
         if not isinstance(self.algorithm, Algorithm):
             raise ValueError(f"algorithm must be an Algorithm (DisPFL, DPSGD, Local, FedAvg, ...), "
                              f"got {type(self.algorithm).__name__}")
-        #: the run's settings, checked (:class:`~lightning_dfl.federation.settings.RunSettings`); read by name too
+        #: the run's settings, checked (:class:`~lightning_dfl.federation.trainer.settings.RunSettings`); read by name too
         self.settings = RunSettings(**{k: v for k, v in locals().items() if k in RunSettings.__dataclass_fields__})
         self.clock = build_clock(client_speeds, clock)
         self.callbacks = merge_callbacks(self.algorithm.callbacks(), callbacks)

@@ -5,7 +5,7 @@
   ``values``; each round ``t_k^(r) = t_k (1 + noise z)``, ``z ~ N(0, 1)``, floored at ``min_time``.
 * Transfer times: ``latency + bytes / bandwidth`` per message.
 * Schedule (DA-DPFL Sec. IV-B): a task starts once every model it reads has arrived and the tasks
-  it runs after have ended, and lasts its compute time (:func:`lightning_dfl.federation.dynamic_aggregation.finish_times`,
+  it runs after have ended, and lasts its compute time (:func:`lightning_dfl.federation.exchange.schedule.finish_times`,
   the pure layer below the federation, re-exported here).
 
 Every draw has its own stream ``derive_seed(seed, "clock/...", ...)``, so a client's times depend
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from lightning_dfl.checks import check_int, is_number
-from lightning_dfl.federation.dynamic_aggregation import Arrivals, Durations, finish_times  # noqa: F401 (re-exported)
-from lightning_dfl.federation.plan import RoundPlan
+from lightning_dfl.federation.exchange.plan import RoundPlan
+from lightning_dfl.federation.exchange.schedule import Arrivals, Durations, finish_times  # noqa: F401 (re-exported)
 from lightning_dfl.seeding import derive_seed
 
 DISTRIBUTIONS = ("fixed", "uniform", "exponential", "normal", "discrete")
@@ -217,5 +217,5 @@ def build_clock(client_speeds: Sequence[float] | None, clock: Clock | None) -> C
     if client_speeds is not None and any(s <= 0 for s in client_speeds):
         raise ValueError(f"client_speeds must all be > 0, got {list(client_speeds)}")
     if clock is not None and not isinstance(clock, Clock):
-        raise ValueError(f"clock must be a lightning_dfl.federation.clock.Clock, got {type(clock).__name__}")
+        raise ValueError(f"clock must be a lightning_dfl.federation.loop.clock.Clock, got {type(clock).__name__}")
     return clock if clock is not None else Clock(speeds=client_speeds)

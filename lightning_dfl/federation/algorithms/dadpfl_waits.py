@@ -6,8 +6,8 @@ with a smaller reuse index; k waits for the ``N`` prior neighbours that finish e
 when it has fewer than ``N``) and starts when the last of those finishes. Prior neighbours come
 earlier in reuse order, so processing clients in reuse order is a valid topological order.
 
-:func:`finish_times` is the rule every plan is timed by (the federation's clock,
-:mod:`lightning_dfl.federation.clock`, builds on it); DA-DPFL's planner calls
+:func:`~lightning_dfl.federation.exchange.schedule.finish_times` times every plan (this module and the
+federation's clock build on it); DA-DPFL's planner calls
 :func:`reuse_dependencies`; the CLI prints :func:`format_schedule_table`. Pure computation (numpy and
 the standard library); a clock is passed in as a :class:`ComputeTimes`.
 """
@@ -15,47 +15,15 @@ the standard library); a clock is passed in as a :class:`ComputeTimes`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from lightning_dfl.checks import check_int
+from lightning_dfl.federation.exchange.schedule import ComputeTimes, finish_times
 
-__all__ = ["Arrivals", "ComputeTimes", "Durations", "RoundSchedule", "SchedulingStats", "finish_times", "format_schedule_table", "random_rounds", "reuse_dependencies", "schedule_table", "simulate_dynamic_aggregation", "simulate_round", "simulate_rounds"]
-
-# ---------------------------------------------------------------------------------------------
-# Simulated time: when each task starts and ends (the federation's clock builds on it)
-# ---------------------------------------------------------------------------------------------
-
-
-class ComputeTimes(Protocol):
-    """What :func:`simulate_dynamic_aggregation` needs of a clock
-    (:class:`lightning_dfl.federation.clock.Clock` is one): set up, then per-round compute times."""
-
-    def setup(self, num_clients: int, num_servers: int = 0, seed: int = 0) -> None: ...
-
-    def compute_times(self, round_idx: int) -> Sequence[float]: ...
-
-
-#: per node, the times its inputs become available, given the finish times of the nodes before it
-Arrivals = Callable[[int, Mapping[int, float]], Iterable[float]]
-Durations = Sequence[float] | Mapping[int, float]
-
-
-def finish_times(order: Iterable[int], arrivals: Arrivals, durations: Durations) -> dict[int, tuple[float, float]]:
-    """``(start, finish)`` per node, visiting ``order`` (a topological order): node k starts at the
-    latest of ``arrivals(k, finish)`` (0 when there is none) and finishes ``durations[k]`` later
-    (DA-DPFL Sec. IV-B; ``finish`` holds the nodes already visited)."""
-    finish: dict[int, float] = {}
-    times: dict[int, tuple[float, float]] = {}
-    for node in order:
-        start = max(arrivals(node, finish), default=0.0)
-        finish[node] = start + durations[node]
-        times[node] = (start, finish[node])
-    return times
-
+__all__ = ["RoundSchedule", "SchedulingStats", "format_schedule_table", "random_rounds", "reuse_dependencies", "schedule_table", "simulate_dynamic_aggregation", "simulate_round", "simulate_rounds"]
 
 # ---------------------------------------------------------------------------------------------
 # Who waits for whom: Sec. IV-B, Alg. 1 lines 6-14

@@ -7,7 +7,7 @@ the closure once and steps the optimizer (SAM-like algorithms run it twice). Cal
 Lightning's epoch and batch hooks. The mask's hooks zero the gradients of inactive weights, and
 Fabric calls the module's ``on_after_optimizer_step``, which re-masks the weights. With the trainer's
 ``cuda_graphs`` a step is replayed from a CUDA graph of its batch shape
-(:class:`~lightning_dfl.federation.step_graphs.StepGraphs`): the closure is replayed, the optimizer steps as usual.
+(:class:`~lightning_dfl.federation.loop.step_graphs.StepGraphs`): the closure is replayed, the optimizer steps as usual.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from lightning_dfl.deferred import accumulator_dtype
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.algorithms.base import Algorithm
-    from lightning_dfl.federation.context import TaskContext
+    from lightning_dfl.federation.algorithms.context import TaskContext
 
 
 def task_batches(ctx: TaskContext) -> Iterator[tuple[int, int, Any]]:

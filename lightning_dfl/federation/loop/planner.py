@@ -3,7 +3,7 @@ out (``dropout``, DisPFL App. B.6) and, under a ``deadline``, the stragglers who
 
 The round asks :class:`RoundPlanner` for its exchanges; the algorithm plans
 (:meth:`~lightning_dfl.federation.algorithms.base.Algorithm.plan_round`) from the
-:class:`~lightning_dfl.federation.context.RoundContext` built here.
+:class:`~lightning_dfl.federation.algorithms.context.RoundContext` built here.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from lightning_dfl.checks import is_number
-from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.context import RoundContext
+from lightning_dfl.federation.algorithms.context import RoundContext
+from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.seeding import derive_seed
 
 __all__ = ["RoundPlanner", "check_faults"]

@@ -1,7 +1,7 @@
 """``FederationState``: the engine's record of one federation, built once when ``fit`` sets up.
 
 Three parts, each with one kind of value: the run's fixed values (:class:`RunSpec`: seed, sizes, the settings a
-checkpoint's identity holds), the worker (:class:`~lightning_dfl.federation.worker.Worker`: module, optimizer,
+checkpoint's identity holds), the worker (:class:`~lightning_dfl.federation.loop.worker.Worker`: module, optimizer,
 Fabric, tensors, batches), and the round's progress (:class:`RoundProgress`: the round, the running task, the
 metrics history), beside the algorithm, the callbacks with their hook dispatch, the client store and the clock.
 What the executors (serial, sharded, batched), the contexts and the checkpoints read. The trainer builds the
@@ -17,12 +17,12 @@ from typing import Any
 
 from torch import Tensor
 
-from lightning_dfl.federation.aggregation import masked_average
-from lightning_dfl.federation.clock import Clock
-from lightning_dfl.federation.context import CountingBatches, EvaluationContext, TaskContext
-from lightning_dfl.federation.evaluation import global_test_metrics, shared_model_metrics
+from lightning_dfl.federation.algorithms.context import CountingBatches, EvaluationContext, TaskContext
+from lightning_dfl.federation.exchange.aggregation import masked_average
+from lightning_dfl.federation.loop.clock import Clock
+from lightning_dfl.federation.loop.worker import Worker
+from lightning_dfl.federation.metrics.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.store.protocol import ClientStore
-from lightning_dfl.federation.worker import Worker
 
 __all__ = ["FederationState", "HookDispatch", "RoundProgress", "RunSpec"]
 

@@ -67,7 +67,7 @@ from torch import Tensor
 
 from lightning_dfl.checks import check_int
 from lightning_dfl.errors import reading, writing
-from lightning_dfl.federation.plan import RoundPlan, every_and_last
+from lightning_dfl.federation.exchange.plan import RoundPlan, every_and_last
 from lightning_dfl.seeding import derive_seed
 
 #: diagnostics are on by default up to this many clients (``diagnostics="auto"``)

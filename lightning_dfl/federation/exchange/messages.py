@@ -7,7 +7,7 @@ tensors (BatchNorm's ``num_batches_tracked``) travel as they are and count their
 
 The receiver gets dense tensors of the parameter shapes, zeros where nothing was sent, and the mask
 of the entries that were sent (``None``: every entry), which masked averaging
-(:func:`lightning_dfl.federation.aggregation.masked_average`, see :func:`gather_messages`) uses as
+(:func:`lightning_dfl.federation.exchange.aggregation.masked_average`, see :func:`gather_messages`) uses as
 its divisor.
 """
 

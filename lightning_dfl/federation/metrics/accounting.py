@@ -37,7 +37,7 @@ class ClientRecord:
     acc_aggregated: float | None = None
     acc_trained: float | None = None
     #: its update was contained: not finite (weights, loss or staged fields) or beyond
-    #: :data:`~lightning_dfl.federation.messages.PUBLISH_BOUND`, and discarded: it published its start-of-round
+    #: :data:`~lightning_dfl.federation.exchange.messages.PUBLISH_BOUND`, and discarded: it published its start-of-round
     #: model (a 0-dim bool on the device until read, when the task did not read its finite check). Reported as
     #: ``nonfinite`` in clients.csv and ``faults/nonfinite_clients`` (the names users' plots read)
     contained: bool | Tensor = False
@@ -47,7 +47,7 @@ class ClientRecord:
 
 class TransferObserver(Protocol):
     """What else wants every message's bytes (the run's diagnostics,
-    :class:`~lightning_dfl.federation.diagnostics.RunDiagnostics`): told by :meth:`RoundAccounting.transfer`."""
+    :class:`~lightning_dfl.federation.metrics.diagnostics.RunDiagnostics`): told by :meth:`RoundAccounting.transfer`."""
 
     def transfer(self, sender: int, receiver: int, value_bytes: int, index_bytes: int = 0) -> None: ...
 

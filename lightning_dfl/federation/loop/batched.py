@@ -6,7 +6,7 @@ and batches, then trains them together (a group at a time, see "Memory" below): 
 stacked along a new leading
 dimension and every step runs ``vmap(grad_and_value(loss))`` over ``functional_call`` of the one model
 architecture. Masked SGD is applied functionally, exactly as the serial path does it: gradients
-times the mask, ``torch.optim.SGD``'s update (:func:`~lightning_dfl.federation.functional_sgd.sgd_step`: weight
+times the mask, ``torch.optim.SGD``'s update (:func:`~lightning_dfl.federation.loop.functional_sgd.sgd_step`: weight
 decay, momentum, dampening, Nesterov), the weights times the mask. Clients with fewer or smaller batches are padded: a padded sample has
 weight 0 in the loss (the mean is over real samples) and a client with no batch left at a step
 keeps its weights and momentum. Then every task is finished one by one (callbacks, the "trained"
@@ -60,19 +60,19 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from lightning_dfl.callbacks.base import federated_batch_hooks
 from lightning_dfl.deferred import accumulator_dtype
-from lightning_dfl.federation.accounting import ClientRecord, RoundAccounting
-from lightning_dfl.federation.context import TaskContext
-from lightning_dfl.federation.executor import PlanRun, SerialExecutor
-from lightning_dfl.federation.functional_sgd import sgd_step
-from lightning_dfl.federation.local import task_batches
-from lightning_dfl.federation.plan import RoundPlan
+from lightning_dfl.federation.algorithms.context import TaskContext
+from lightning_dfl.federation.algorithms.training import task_batches
+from lightning_dfl.federation.exchange.plan import RoundPlan
+from lightning_dfl.federation.loop.executor import PlanRun, SerialExecutor
+from lightning_dfl.federation.loop.functional_sgd import sgd_step
+from lightning_dfl.federation.metrics.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.host_memory import available_bytes, format_bytes
 from lightning_dfl.sparse.masks import zero_inactive_all_
 from lightning_dfl.transfers import copy_all_, to_device
 
 if TYPE_CHECKING:
-    from lightning_dfl.federation.federation_state import FederationState
-    from lightning_dfl.federation.settings import RunSettings
+    from lightning_dfl.federation.loop.state import FederationState
+    from lightning_dfl.federation.trainer.settings import RunSettings
 
 __all__ = ["BatchedExecutor", "auto_group_size", "check_batchable", "client_step_bytes", "memory_budget",
            "weighted_cross_entropy"]

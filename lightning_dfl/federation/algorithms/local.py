@@ -1,0 +1,17 @@
+"""Local: every client trains on its own data only (the papers' "Local" baseline)."""
+
+from __future__ import annotations
+
+from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext
+from lightning_dfl.federation.exchange.plan import RoundPlan, Task
+
+
+class Local(Algorithm):
+    """Local training only: no communication (the papers' "Local" baseline)."""
+
+    name = "local"
+    shardable = True  # no state changes inside tasks
+    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+
+    def plan_round(self, ctx: RoundContext) -> RoundPlan:
+        return RoundPlan(ctx.round_idx, [Task(node=k) for k in ctx.active_clients])
