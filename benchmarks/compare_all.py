@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from lightning_dfl.cli import FederatedCLI
-from lightning_dfl.federation.algorithms import ALGORITHMS
+from lightning_dfl.federation import ALGORITHMS
 from lightning_dfl.federation.metrics.report import RunSummary, mean_client_density
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,9 +36,11 @@ import torch
 from lightning_dfl.callbacks.voting import PruningTimeVoting
 from lightning_dfl.cost import CostModel, Workload
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.datamodules.datasets import DATASETS, EMBEDDED, ImageData, Split, load_mnist
+from lightning_dfl.datamodules.datasets import DATASETS, EMBEDDED
+from lightning_dfl.datamodules.images import ImageData, Split
+from lightning_dfl.datamodules.readers import load_mnist
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DisPFL
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 ALGORITHMS = ("dispfl", "dadpfl", "dpsgd")  # DisPFL first: `--delta-pr auto` reads its scores

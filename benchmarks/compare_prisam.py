@@ -54,9 +54,9 @@ import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.export import export_client
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DPSGD, PRISAM, DisPFL, Local
 from lightning_dfl.federation.algorithms.prisam import CHANNELS_FIELD
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.grouping import compact, group_masks
 from lightning_dfl.models import build_model as build_network
 from lightning_dfl.module import SparseClassifier

@@ -57,10 +57,8 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import Clock, FederatedTrainer, RoundContext
 from lightning_dfl.federation.algorithms import PSFL
-from lightning_dfl.federation.algorithms.context import RoundContext
-from lightning_dfl.federation.loop.clock import Clock
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed
 

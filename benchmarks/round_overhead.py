@@ -41,9 +41,10 @@ import torch.nn.functional as F
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.datamodules.datasets import DATASETS, ImageData, Split
+from lightning_dfl.datamodules.datasets import DATASETS
+from lightning_dfl.datamodules.images import ImageData, Split
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DisPFL
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.models import build_model
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.seeding import derive_seed

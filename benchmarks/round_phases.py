@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from lightning_dfl.cli.fit import FederatedCLI
 from lightning_dfl.deferred import device_paths_on_cpu
-from lightning_dfl.fit_cli import FederatedCLI
 
 PHASES = ("messages", "aggregate", "evaluate", "local_train", "callbacks", "publish", "round end", "other")
 #: the callbacks' hooks that run inside a client's task

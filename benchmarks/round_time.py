@@ -110,8 +110,8 @@ def run_ours(args, clients, neighbors) -> dict:
 
     from lightning_dfl.callbacks.base import FederatedCallback
     from lightning_dfl.datamodules import FederatedDataModule
+    from lightning_dfl.federation import FederatedTrainer
     from lightning_dfl.federation.algorithms import DisPFL
-    from lightning_dfl.federation.trainer.trainer import FederatedTrainer
     from lightning_dfl.module import SparseClassifier
 
     meter = RoundMeter()

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
+from lightning_dfl.federation import RoundPlan, Source, Task
 from lightning_dfl.federation.exchange.topology import build_topology
 from lightning_dfl.federation.loop.start_reads import StartReads
 from lightning_dfl.federation.store import ClientStore, CompactClientStore, DenseClientStore

@@ -1,7 +1,7 @@
 """Where a callback keeps its per-client records: the federation's client store, or one record of its own.
 
 In a federation a callback keeps no per-client state: it declares its records as store fields
-(``client_state_fields``, keyword arguments of the store's ``StateField``) and reads and writes
+(``client_state_fields``: a list of :class:`~lightning_dfl.state_field.StateField`) and reads and writes
 them through ``trainer.client_state(k)`` (a view per field, written in place), so that they are
 checkpointed (and later sharded) with the store. A plain ``lightning.pytorch.Trainer`` has one
 model and no store: the callback keeps that one client's record itself, as tensors built from the
@@ -18,14 +18,14 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.callbacks.base import is_federated
+from lightning_dfl.state_field import StateField
 
 
 class OneRecord:
     """One client's record in a plain ``Trainer``: field name -> tensor, read as views, written in place."""
 
-    def __init__(self, fields: Sequence[Mapping[str, Any]] = ()) -> None:
-        self.values = {f["name"]: torch.full(tuple(f.get("shape", ())), f.get("fill", 0.0), dtype=f["dtype"])
-                       for f in fields}
+    def __init__(self, fields: Sequence[StateField] = ()) -> None:
+        self.values = {f.name: torch.full(tuple(f.shape), f.fill, dtype=f.dtype) for f in fields}
 
     def __getitem__(self, name: str) -> Tensor:
         return self.values[name]

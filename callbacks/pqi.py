@@ -39,10 +39,11 @@ from lightning_dfl.sparse.pqi import (
     pqi_prune_masks,
     prune_budget,
 )
+from lightning_dfl.state_field import StateField
 from lightning_dfl.stats import mean_std
 
 SPARSITY = "pqi/sparsity"  #: float64: a client's sparsity after its latest task, after pruning (NaN: none yet)
-_FIELDS = ({"name": SPARSITY, "dtype": torch.float64, "fill": math.nan},)
+_FIELDS = (StateField(SPARSITY, dtype=torch.float64, fill=math.nan),)
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,9 @@ class PQIPruning(FederatedCallback):
                                "in `setup('fit')`")
         return bool(self._voter.is_pruning_round(round_idx))
 
-    def client_state_fields(self, trainer: Any, pl_module: Any) -> list[dict[str, Any]]:
+    def client_state_fields(self, trainer: Any, pl_module: Any) -> list[StateField]:
         """A client's record, declared for the federation's client store: ``pqi/sparsity``."""
-        return [dict(f) for f in _FIELDS]
+        return list(_FIELDS)
 
     def _find_voter(self, trainer: Any) -> Any:
         callbacks = list(getattr(trainer, "callbacks", None) or [])
@@ -311,7 +312,7 @@ class PQIPruning(FederatedCallback):
         return sparsity
 
     #: the batch hooks it acts in within a federation: none (its on_train_batch_end re-applies a mask the module
-    #: itself keeps there), so a batched step may train its clients (federated_batch_hooks in callbacks/base.py)
+    #: itself keeps there), so a batched step may train its clients (the engine reads it: federated_batch_hooks)
     federated_batch_hooks: tuple[str, ...] = ()
 
     # -- plain Trainer -------------------------------------------------------------------

@@ -222,7 +222,7 @@ class RigL(FederatedCallback):
         self._total = int(total)
 
     #: the batch hooks it acts in within a federation: none (its on_train_batch_end re-applies a mask the module
-    #: itself keeps there), so a batched step may train its clients (federated_batch_hooks in callbacks/base.py)
+    #: itself keeps there), so a batched step may train its clients (the engine reads it: federated_batch_hooks)
     federated_batch_hooks: tuple[str, ...] = ()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,

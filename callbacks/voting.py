@@ -42,6 +42,8 @@ from lightning_dfl.callbacks._records import ClientRecords, OneRecord
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
 from lightning_dfl.checks import is_number
 from lightning_dfl.pruning_time import PruningSchedule, detection_score, first_pruning_round, pruning_rounds, vote
+from lightning_dfl.sparse.bits import pack_bits, unpack_bits
+from lightning_dfl.state_field import StateField
 
 #: The voter id used in a plain ``Trainer`` (one model, one vote).
 PLAIN_VOTER = 0
@@ -53,24 +55,6 @@ DELTA_FIRST = "voting/delta_first"  #: float64: Delta^1, the Delta of its first 
 DELTA_LAST = "voting/delta_last"  #: float64: the Delta of its latest round (NaN: none yet)
 SCORE = "voting/score"  #: float64: its latest score, Eq. 4 (NaN: none yet, before its second round)
 VOTE = "voting/vote"  #: int8: its latest vote, Eq. 5 (-1: none yet)
-
-_BIT_VALUES = (128, 64, 32, 16, 8, 4, 2, 1)
-
-
-def pack_bits(bits: Tensor) -> Tensor:
-    """``numpy.packbits`` of a bool tensor's flattened entries, on its device: ``ceil(n / 8)`` uint8,
-    the first entry in the highest bit, the last byte padded with zeros."""
-    flat = bits.reshape(-1)
-    padded = torch.zeros(-(-flat.numel() // 8) * 8, dtype=torch.uint8, device=flat.device)
-    padded[:flat.numel()] = flat
-    values = torch.tensor(_BIT_VALUES, dtype=torch.uint8, device=flat.device)
-    return (padded.view(-1, 8) * values).sum(1, dtype=torch.uint8)
-
-
-def unpack_bits(packed: Tensor, count: int) -> Tensor:
-    """The first ``count`` entries packed by :func:`pack_bits`, as a flat bool tensor on ``packed``'s device."""
-    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=packed.device)
-    return (packed.reshape(-1, 1) >> shifts).bitwise_and_(1).view(-1)[:count].bool()
 
 
 def _floating_parameters(pl_module: Any) -> dict[str, Tensor]:
@@ -164,7 +148,8 @@ class InitialModels:
                 self.reference[n][new] = params[n][new]
                 self.known[n] |= m
         self._version += 1
-        return pack_bits(torch.cat([masks[n].reshape(-1) for n in self.known] or [torch.zeros(0, dtype=torch.bool)]))
+        return pack_bits(torch.cat([masks[n].reshape(-1) for n in self.known] or [torch.zeros(0, dtype=torch.bool)]),
+                         bitorder="big")
 
     def _reference_on(self, device: torch.device) -> dict[str, Tensor]:
         assert self.reference is not None
@@ -177,7 +162,7 @@ class InitialModels:
         if self.reference is None:
             raise RuntimeError("no initial model was added yet: there is no reference")
         reference = self._reference_on(device)
-        flat = unpack_bits(bits.to(device), sum(m.numel() for m in self.known.values()))
+        flat = unpack_bits(bits.to(device), sum(m.numel() for m in self.known.values()), bitorder="big")
         model, offset = dict(reference), 0
         for n, known in self.known.items():
             mask = flat[offset:offset + known.numel()].view(known.shape)
@@ -308,17 +293,17 @@ class PruningTimeVoting(FederatedCallback):
             return None
         return PruningSchedule(self.t_star, self.total_rounds, self.b, self.c)
 
-    def client_state_fields(self, trainer: Any, pl_module: Any) -> list[dict[str, Any]]:
+    def client_state_fields(self, trainer: Any, pl_module: Any) -> list[StateField]:
         """A voter's record, declared for the federation's client store (see the class docstring)."""
         params = _floating_parameters(pl_module)
         masked = sum(m.numel() for m in _masks_by_parameter_name(pl_module, params).values())
         return [
-            {"name": HAS_INITIAL, "dtype": torch.bool},
-            {"name": INITIAL_MASK, "shape": (-(-masked // 8),), "dtype": torch.uint8},
-            {"name": DELTA_FIRST, "dtype": torch.float64, "fill": math.nan},
-            {"name": DELTA_LAST, "dtype": torch.float64, "fill": math.nan},
-            {"name": SCORE, "dtype": torch.float64, "fill": math.nan},
-            {"name": VOTE, "dtype": torch.int8, "fill": -1.0},
+            StateField(HAS_INITIAL, dtype=torch.bool),
+            StateField(INITIAL_MASK, shape=(-(-masked // 8),), dtype=torch.uint8),
+            StateField(DELTA_FIRST, dtype=torch.float64, fill=math.nan),
+            StateField(DELTA_LAST, dtype=torch.float64, fill=math.nan),
+            StateField(SCORE, dtype=torch.float64, fill=math.nan),
+            StateField(VOTE, dtype=torch.int8, fill=-1.0),
         ]
 
     def initial_model(self, trainer: Any, client: int, device: torch.device | str = "cpu") -> dict[str, Tensor]:

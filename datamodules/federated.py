@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_dfl.checks import check_int, check_output_path, check_positive, is_int
 from lightning_dfl.transfers import to_device
 
-from .datasets import DATASETS, EMBEDDED, ImageData, Split, load_dataset
+from .datasets import DATASETS, EMBEDDED, load_dataset
+from .images import ImageData, Split
 from .partition import (
     PARTITIONERS,
     ClusterPartitioner,
@@ -392,7 +393,7 @@ class FederatedDataModule(L.LightningDataModule):
 
     @property
     def split(self) -> Split:
-        """The loaded :class:`~lightning_dfl.datamodules.datasets.Split` (loads on first use)."""
+        """The loaded :class:`~lightning_dfl.datamodules.images.Split` (loads on first use)."""
         return self._ready()
 
     @property

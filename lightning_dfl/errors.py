@@ -1,7 +1,7 @@
 """What a failed run was: bad input, a known condition of the training, or a bug (no torch import here).
 
-- Bad input is refused by validation, before the first round (``ValueError`` and the like): the command
-  line prints one line and exits with 2.
+- Bad input is refused by validation, before the first round (``ValueError``, :class:`ConfigurationError`
+  and the like): the command line prints one line and exits with 2.
 - :class:`RunDiverged`: every client that trained in a round ended non-finite (a learning rate too
   high, data holding NaN/inf): a known, explained condition; one line naming the round, the clients and
   the likely cause, exit code :data:`DIVERGED_EXIT_CODE`.
@@ -24,6 +24,13 @@ from contextlib import contextmanager
 DIVERGED_EXIT_CODE = 3
 
 _ROUND_ATTRIBUTE = "lightning_dfl_round"
+
+
+class ConfigurationError(TypeError, ValueError):
+    """A value the user gave (a config value, an option a class lacks) that the project's own argument checks
+    refuse: bad input, not a bug, told apart by its type. Both a ``TypeError`` (an option of the wrong kind, one a
+    builder does not take) and a ``ValueError`` (a value out of range), so that callers catching either keep
+    catching it."""
 
 
 class RunDiverged(FloatingPointError):

@@ -139,10 +139,6 @@ class SparseClassifier(LightningModule):
             self.build(num_classes, in_channels, image_size)
 
     # -- construction ------------------------------------------------------------------
-    @property
-    def is_built(self) -> bool:
-        return self.model is not None
-
     def build(self, num_classes: int, in_channels: int, image_size: int, data: str = "the data") -> None:
         """Build the model, its initial mask and FLOPs profile for data of these sizes.
 

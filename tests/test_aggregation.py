@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_dfl.federation.exchange.aggregation import masked_average
+from lightning_dfl.federation import masked_average
 
 
 def test_masked_average_matches_hand_computed_eq7():

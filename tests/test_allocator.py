@@ -68,8 +68,8 @@ def test_off_glibc_nothing_is_done(monkeypatch):
 
 def test_fit_tunes_the_allocator_unless_told_not_to(monkeypatch, tmp_path):
     from lightning_dfl.datamodules import FederatedDataModule
+    from lightning_dfl.federation import FederatedTrainer
     from lightning_dfl.federation.algorithms import Local
-    from lightning_dfl.federation.trainer.trainer import FederatedTrainer
     from lightning_dfl.federation.trainer import trainer as trainer_module
     from lightning_dfl.module import SparseClassifier
 

@@ -8,10 +8,10 @@ from torch import nn
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DPSGD, DFedSAM, DisPFL, Local
 from lightning_dfl.federation.loop import batched
 from lightning_dfl.federation.loop.batched import auto_group_size, check_batchable, client_step_bytes, memory_budget
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
@@ -263,7 +263,7 @@ def test_a_callback_declares_which_batch_hooks_it_uses_in_a_federation():
     """``federated_batch_hooks``: a callback whose batch hooks are idle in a federation says so and is batched (no
     class list in the executor); one that uses them, or declares nothing, is refused by name."""
     from lightning_dfl.callbacks import PQIPruning, RigL
-    from lightning_dfl.callbacks.base import federated_batch_hooks
+    from lightning_dfl.federation.loop.callback_hooks import federated_batch_hooks
 
     hooks = batched._BATCH_HOOKS
     assert federated_batch_hooks(IdleBatchHook(), hooks) == []

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms.beer import (
     BEER,
     GSGDCodec,
@@ -19,7 +20,6 @@ from lightning_dfl.federation.algorithms.beer import (
     gsgd,
     track_gradient,
 )
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

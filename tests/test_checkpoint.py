@@ -12,10 +12,9 @@ from _helpers import Kill
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import Clock, FederatedTrainer
 from lightning_dfl.federation.algorithms import DADPFL, DisPFL
-from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.trainer.checkpoint_file import CheckpointError, read_state
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_dfl import cli
-from lightning_dfl.cli import main
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
+from lightning_dfl.cli import entry, main
+from lightning_dfl.errors import ConfigurationError
+from lightning_dfl.federation import FederatedTrainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DADPFL = "--trainer.algorithm=lightning_dfl.federation.algorithms.DADPFL"
@@ -278,6 +278,46 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch, capsys, where):
     assert err.strip().splitlines()[-1].startswith("lightning-dfl: internal error: this is a bug in lightning-dfl")
 
 
+@pytest.mark.parametrize(("error", "code"), [
+    (TypeError("unsupported operand type(s) for +: 'int' and 'str'"), 1),  # a bug, raised by a raise statement
+    (ConfigurationError("num_things must be an integer >= 1, got 0"), 2),  # the project's typed bad input
+], ids=["TypeError", "ConfigurationError"])
+def test_bad_input_is_told_apart_by_type_not_by_where_it_was_raised(tmp_path, monkeypatch, capsys, error, code):
+    """A ``TypeError`` raised by the project's own code is a bug unless it is a ``ConfigurationError`` (what the
+    argument checks raise); both raised the same way, in a class's ``__init__`` that jsonargparse wraps."""
+    import functools
+
+    from lightning_dfl.federation.algorithms import DisPFL
+
+    @functools.wraps(DisPFL.__init__)
+    def refuse(self, *args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(DisPFL, "__init__", refuse)
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path))
+    err = capsys.readouterr().err
+    assert info.value.code == code, err
+    if code == 2:
+        assert err.strip().splitlines() == [
+            f"lightning-dfl: error: trainer.algorithm: {error} (run with --debug for the traceback)"]
+    else:
+        assert "Traceback" in err and "lightning-dfl: internal error: this is a bug" in err
+
+
+def test_the_argument_checks_raise_the_typed_error():
+    from lightning_dfl.checks import check_int, check_output_path, check_positive
+    from lightning_dfl.cli.errors import is_user_error
+    from lightning_dfl.models import build_model
+
+    for check in (lambda: check_int("rounds", 0, 1), lambda: check_positive("lr", -1.0),
+                  lambda: check_output_path("out", ""), lambda: build_model("cnn_digits", 10, depth=3)):
+        with pytest.raises(ConfigurationError) as info:
+            check()
+        assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError) and is_user_error(info.value)
+    assert not is_user_error(TypeError("a bug"))
+
+
 def test_a_real_console_shows_the_line_and_nothing_else(tmp_path):
     """No warning or log line around the message (in-process tests cannot see import-time output), and no run
     folder in the current directory."""
@@ -292,7 +332,7 @@ def test_a_real_console_shows_the_line_and_nothing_else(tmp_path):
 
 
 def test_version(capsys):
-    from lightning_dfl.cli import version
+    from lightning_dfl.cli.help import version
 
     main(["--version"])
     assert capsys.readouterr().out.strip() == f"lightning-dfl {version()}"
@@ -388,7 +428,7 @@ def test_the_cli_gives_the_trainer_its_command_line(tmp_path, monkeypatch):
         seen["command_line"] = getattr(self, "command_line", None)
 
     monkeypatch.setattr(FederatedTrainer, "fit", fit)
-    monkeypatch.setattr("lightning_dfl.cli.FederatedCLI.after_fit", lambda self: None)
+    monkeypatch.setattr("lightning_dfl.cli.fit.FederatedCLI.after_fit", lambda self: None)
     args = _fit(tmp_path, "--trainer.seed=3")
     main([*args, "--debug"])
     assert seen["command_line"] == ["lightning-dfl", *args]
@@ -580,4 +620,4 @@ def test_a_warning_is_one_line_without_a_source_path(tmp_path, capsys, monkeypat
         "no acc/personal_mean (said once per run)",
         "lightning-dfl: warning: the run has no accuracy (final_accuracy is null in summary.json): no client met "
         "the deadline (0.5) in an evaluated round"], err
-    assert warnings.showwarning is not cli.show_warning  # Python's own is back after the command
+    assert warnings.showwarning is not entry.show_warning  # Python's own is back after the command

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from lightning_dfl.federation import RoundPlan, Source, Task
 from lightning_dfl.federation.algorithms import DADPFL, RoundContext
 from lightning_dfl.federation.algorithms.dadpfl_waits import simulate_round
-from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.loop.clock import Clock, default_durations, finish_times
 
 

@@ -13,10 +13,10 @@ from _helpers import Kill
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.deferred import device_paths_on_cpu
+from lightning_dfl.federation import FederatedTrainer, RoundPlan, Source, Task
 from lightning_dfl.federation.algorithms import BEER, DADPFL, PRISAM, PSFL, DFedAvgM, DFedSAM, DisPFL, GossipFL
-from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.loop.start_reads import StartReads
-from lightning_dfl.federation.metrics.diagnostics import (
+from lightning_dfl.federation.metrics.spread import (
     consensus_distances,
     flip_fractions,
     jaccard_matrix,
@@ -28,16 +28,14 @@ from lightning_dfl.federation.store import CompactClientStore, DenseClientStore,
 from lightning_dfl.federation.store.factory import STORE_KINDS, check_store_kind, load_store_state
 from lightning_dfl.federation.store.memory import check_store_fits, compact_store_bytes, dense_store_bytes
 from lightning_dfl.federation.store.records import (
-    _pack_torch,
-    _unpack_torch,
     checkpoint_weights,
     pack_bits,
     pack_bits_all,
     unpack_bits,
 )
 from lightning_dfl.federation.trainer.checkpoint_file import read_state
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
+from lightning_dfl.sparse import bits as bit_packing
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
 
@@ -117,8 +115,8 @@ def test_bits_round_trip_and_pack_like_numpy():
         assert torch.equal(unpack_bits(packed, n), b)
         expected = sum(int(b[i]) << (i % 8) for i in range(min(n, 8)))
         assert int(packed[0]) == expected  # little-endian within a byte
-        assert torch.equal(_pack_torch(b), packed)  # the path of a store on a GPU
-        assert torch.equal(_unpack_torch(packed, n), b)
+        assert torch.equal(bit_packing.pack_bits(b, bitorder="little"), packed)  # the path of a store on a GPU
+        assert torch.equal(bit_packing.unpack_bits(packed, n, bitorder="little"), b)
 
 
 @pytest.mark.parametrize("device_paths", [False, True], ids=["cpu-paths", "accelerator-paths"])

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import Clock, FederatedTrainer
 from lightning_dfl.federation.algorithms import DADPFL, RoundContext
 from lightning_dfl.federation.algorithms.dadpfl_waits import simulate_round
-from lightning_dfl.federation.loop.clock import Clock
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

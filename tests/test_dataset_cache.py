@@ -14,9 +14,10 @@ import torch
 from torchvision.io import encode_jpeg, write_file
 
 from lightning_dfl.datamodules import cache as cache_module
-from lightning_dfl.datamodules import datasets as ds
+from lightning_dfl.datamodules import readers
 from lightning_dfl.datamodules.cache import CACHE_ENV, cache_dir, default_cache_dir
-from lightning_dfl.datamodules.datasets import HAM10000_CLASSES, load_dataset
+from lightning_dfl.datamodules.datasets import load_dataset
+from lightning_dfl.datamodules.readers import HAM10000_CLASSES
 
 COLOURS = [(230, 20, 20), (20, 230, 20), (20, 20, 230), (230, 230, 20), (20, 230, 230), (230, 20, 230), (120, 120, 120)]
 
@@ -138,15 +139,15 @@ SETS = {
 
 
 def _count_calls(monkeypatch, name):
-    """Count the calls of the data sets module's ``name`` (the decoder), still calling it."""
-    original = getattr(ds, name)
+    """Count the calls of the readers module's ``name`` (the decoder), still calling it."""
+    original = getattr(readers, name)
     calls = []
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(ds, name, spy)
+    monkeypatch.setattr(readers, name, spy)
     return calls
 
 

@@ -11,15 +11,13 @@ import pytest
 import torch
 from torchvision.io import encode_jpeg, encode_png, write_file
 
-from lightning_dfl.datamodules import datasets as ds
-from lightning_dfl.datamodules.datasets import (
-    DATASETS,
+from lightning_dfl.datamodules import readers
+from lightning_dfl.datamodules.datasets import DATASETS, default_data_root, load_dataset
+from lightning_dfl.datamodules.images import ImageData, Split
+from lightning_dfl.datamodules.readers import (
     HAM10000_CLASSES,
-    ImageData,
-    Split,
     load_cifar10,
     load_cifar100,
-    load_dataset,
     load_digits,
     load_ham10000,
     load_image_folder,
@@ -402,7 +400,7 @@ def test_load_dataset_dispatches_options_and_resizes(tmp_path):
 
 def test_load_dataset_missing_data_uses_default_root(tmp_path, monkeypatch):
     monkeypatch.setenv("LIGHTNING_DFL_DATA", str(tmp_path / "data"))
-    assert ds.default_data_root() == tmp_path / "data"
+    assert default_data_root() == tmp_path / "data"
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "data")):
         load_dataset("cifar100")
 
@@ -520,7 +518,7 @@ def test_ham10000_too_few_images_for_the_test_fraction(tmp_path):
 def test_mnist_foreign_files_are_a_clear_error(tmp_path):
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)
-    for name in ds._MNIST_FILES:
+    for name in readers._MNIST_FILES:
         (raw / name).write_bytes(b"\x00\x00\x20\x01" + bytes(60))  # not an idx magic number
     with pytest.raises(ValueError) as err:
         load_mnist(tmp_path)

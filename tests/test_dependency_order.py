@@ -13,11 +13,10 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer, RoundPlan, Task
 from lightning_dfl.federation.algorithms import DADPFL
-from lightning_dfl.federation.exchange.plan import RoundPlan, Task
 from lightning_dfl.federation.loop.executor import PlanRun, SerialExecutor
 from lightning_dfl.federation.metrics.accounting import RoundAccounting
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
@@ -87,7 +86,7 @@ class ModelsOfTheRound(FederatedCallback):
 
     def on_client_train_end(self, trainer, pl_module, client_id):
         # runs after the algorithm's callbacks (voting, PQI): the worker holds the model published next
-        self.trained[int(client_id)] = ({n: t.detach().clone() for n, t in trainer.worker.items()},
+        self.trained[int(client_id)] = ({n: t.detach().clone() for n, t in trainer.worker_tensors.items()},
                                         {n: m.clone() for n, m in pl_module.mask.masks.items()})
 
 

@@ -11,11 +11,10 @@ from torch import nn
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer, Source
 from lightning_dfl.federation.algorithms import DPSGD, Local
 from lightning_dfl.federation.algorithms.dfedavgm import DELTA_FIELD, DFedAvgM
-from lightning_dfl.federation.exchange.plan import Source
 from lightning_dfl.federation.exchange.topology import build_topology
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms.dfedavgm import DFedAvgM
 from lightning_dfl.federation.algorithms.dfedsam import REPORT, DFedSAM, sam_step
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

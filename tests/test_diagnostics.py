@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer, RoundContext, RoundPlan, Source, Task
 from lightning_dfl.federation.algorithms import DADPFL, DPSGD, PSFL, DFedSAM, DisPFL, FedAvg, Local
-from lightning_dfl.federation.algorithms.context import RoundContext
-from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.metrics import diagnostics as D
+from lightning_dfl.federation.metrics import mixing, spread
 from lightning_dfl.federation.store import DenseClientStore
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
@@ -30,8 +29,8 @@ def _ctx(k, round_idx=0, sample_counts=None):
 def _gap(algorithm, k=8, sample_counts=None):
     algorithm.validate(k)
     plan = algorithm.plan_round(_ctx(k, sample_counts=sample_counts))
-    w = D.mixing_matrix([plan], k, k + algorithm.num_servers)
-    return D.spectral_gap(w, D.participants_of([plan], k)), w
+    w = mixing.mixing_matrix([plan], k, k + algorithm.num_servers)
+    return mixing.spectral_gap(w, mixing.participants_of([plan], k)), w
 
 
 # -- the realized mixing matrix and its spectral gap ---------------------------------------------------
@@ -88,7 +87,7 @@ def test_dadpfl_posterior_reuse_composes_rows_by_hand():
     r0 = (e[0] + r2 + e[1]) / 3
     r1 = (e[1] + r0) / 2
     r3 = (e[3] + r1 + r2) / 3
-    assert torch.allclose(D.mixing_matrix([plan], 4), torch.stack([r0, r1, r2, r3]), atol=1e-15)
+    assert torch.allclose(mixing.mixing_matrix([plan], 4), torch.stack([r0, r1, r2, r3]), atol=1e-15)
     # the same through DA-DPFL's own planner: every fresh source is replaced by its task's row
     algorithm = DADPFL(num_neighbors=2, max_wait=2)
     algorithm.validate(4)
@@ -97,15 +96,15 @@ def test_dadpfl_posterior_reuse_composes_rows_by_hand():
     rows = {}
     for task in plan.order():
         rows[task.node] = sum((rows[s.node] if s.fresh else e[s.node]) for s in task.sources) / len(task.sources)
-    assert torch.allclose(D.mixing_matrix([plan], 4), torch.stack([rows[k] for k in range(4)]), atol=1e-15)
+    assert torch.allclose(mixing.mixing_matrix([plan], 4), torch.stack([rows[k] for k in range(4)]), atol=1e-15)
 
 
 def test_exchanges_compose_and_coefficients_weight_rows():
     first = RoundPlan(0, [Task(0, sources=(Source(0), Source(1)), coefficients=(3.0, 1.0)), Task(1), Task(2)])
     gossip = RoundPlan(0, [Task(k, sources=(Source(k), Source((k + 1) % 3)), train=False) for k in range(3)])
-    w0, w1 = D.mixing_matrix([first], 3), D.mixing_matrix([gossip], 3)
+    w0, w1 = mixing.mixing_matrix([first], 3), mixing.mixing_matrix([gossip], 3)
     assert torch.allclose(w0[0], torch.tensor([0.75, 0.25, 0.0], dtype=torch.float64))
-    assert torch.allclose(D.mixing_matrix([first, gossip], 3), w1 @ w0)
+    assert torch.allclose(mixing.mixing_matrix([first, gossip], 3), w1 @ w0)
 
 
 @pytest.mark.parametrize("algorithm", [DFedSAM(num_neighbors=2, gossip_steps=3), PSFL(clients_per_round=4, sequences=2, warmup_rounds=0)],
@@ -116,7 +115,7 @@ def test_multi_exchange_and_server_chains_give_row_stochastic_w(algorithm):
     for exchange in range(algorithm.exchanges_per_round):
         ctx = RoundContext(3, 10, 6, (10,) * 6, np.random.default_rng(exchange), exchange=exchange)
         plans.append(algorithm.plan_round(ctx))
-    w = D.mixing_matrix(plans, 6, 6 + algorithm.num_servers)
+    w = mixing.mixing_matrix(plans, 6, 6 + algorithm.num_servers)
     assert torch.allclose(w.sum(1), torch.ones(6, dtype=torch.float64))
     assert (w >= 0).all()
 
@@ -136,18 +135,18 @@ def _store(weights, masks):
 
 def test_consensus_distance_equals_a_hand_computation():
     store = _store([[1, 2], [3, 0], [2, 4]], [[1, 1]] * 3)
-    pairs = D.all_pairs(3)
-    dense, masked = D.consensus_distances(store, [0, 1, 2], ["w"], pairs)
+    pairs = mixing.all_pairs(3)
+    dense, masked = spread.consensus_distances(store, [0, 1, 2], ["w"], pairs)
     assert dense == pytest.approx((1 + 5 + 4) / 3, rel=1e-6)  # mean (2, 2): |(-1,0)|^2, |(1,-2)|^2, |(0,2)|^2
     assert masked == pytest.approx(dense, rel=1e-6)  # identical masks, all pairs: the same quantity
 
 
 def test_consensus_distance_is_zero_for_identical_models_and_masked_keeps_shared_weights():
     store = _store([[1.5, -2.0]] * 3, [[1, 1]] * 3)
-    assert D.consensus_distances(store, [0, 1, 2], ["w"], D.all_pairs(3)) == (0.0, 0.0)  # exactly
+    assert spread.consensus_distances(store, [0, 1, 2], ["w"], mixing.all_pairs(3)) == (0.0, 0.0)  # exactly
     # personal masks: x1 = (1, 0), x2 = (3, 0), x3 = (0, 4) with masks (1,0), (1,1), (0,1)
     store = _store([[1, 0], [3, 0], [0, 4]], [[1, 0], [1, 1], [0, 1]])
-    dense, masked = D.consensus_distances(store, [0, 1, 2], ["w"], D.all_pairs(3))
+    dense, masked = spread.consensus_distances(store, [0, 1, 2], ["w"], mixing.all_pairs(3))
     x = np.array([[1, 0], [3, 0], [0, 4]], dtype=float)
     assert dense == pytest.approx(((x - x.mean(0)) ** 2).sum() / 3, rel=1e-6)
     # shared weights: (0,1) entry 0: (1-3)^2 = 4; (0,2) none: 0; (1,2) entry 1: (0-4)^2 = 16
@@ -160,7 +159,7 @@ def test_consensus_distances_in_many_blocks_and_pair_chunks_match_float64(kind, 
     of pairs) the results are the float64 formulas' up to one float32 rounding per entry (a centred entry, a pair
     difference: ~1e-10 and ~1e-13 here; float32 sums of the blocks were off by ~1e-5)."""
     from lightning_dfl.federation.store.factory import store_class
-    monkeypatch.setattr(D, "BLOCK_ELEMENTS", 4096)
+    monkeypatch.setattr(spread, "BLOCK_ELEMENTS", 4096)
     gen = torch.Generator().manual_seed(0)
     k, n = 10, 11_000
     masks = torch.rand(k, n, generator=gen) < 0.5
@@ -168,9 +167,9 @@ def test_consensus_distances_in_many_blocks_and_pair_chunks_match_float64(kind, 
     store = store_class(kind)({"w": weights[0]}, ["w"], k)
     for i in range(k):
         store.initialize(i, {"w": weights[i]}, {"w": masks[i]})
-    pairs = D.all_pairs(k)
-    assert len(pairs) == 45 and D._step(k, "cpu", 64) == 384
-    dense, masked = D.consensus_distances(store, list(range(k)), ["w"], pairs)
+    pairs = mixing.all_pairs(k)
+    assert len(pairs) == 45 and spread._step(k, "cpu", 64) == 384
+    dense, masked = spread.consensus_distances(store, list(range(k)), ["w"], pairs)
     x, m = weights.double().numpy(), masks.numpy()
     assert dense == pytest.approx(((x - x.mean(0)) ** 2).sum() / k, rel=1e-9)
     shared = [(((x[i] - x[j]) * (m[i] & m[j])) ** 2).sum() for i, j in pairs]
@@ -185,44 +184,44 @@ def test_jaccard_identical_disjoint_and_independent_masks():
     a = torch.zeros(n, dtype=torch.bool)
     a[: n // 2] = True
     store = _store([[0.0] * n] * 3, [a.tolist(), a.tolist(), (~a).tolist()])
-    packed = D.packed_masks(store, [0, 1, 2])
-    assert D.jaccard_pairs(packed, [(0, 1), (0, 2), (1, 2)]).tolist() == [1.0, 0.0, 0.0]
-    assert torch.allclose(D.jaccard_matrix(store, [0, 1, 2]), torch.tensor(
+    packed = spread.packed_masks(store, [0, 1, 2])
+    assert spread.jaccard_pairs(packed, [(0, 1), (0, 2), (1, 2)]).tolist() == [1.0, 0.0, 0.0]
+    assert torch.allclose(spread.jaccard_matrix(store, [0, 1, 2]), torch.tensor(
         [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64))
     # independent uniform masks of density d: E[J] = d^2 / (2d - d^2) = d / (2 - d)
     generator = torch.Generator().manual_seed(0)
     for d in (0.1, 0.5, 0.8):
         masks = torch.rand((12, 50_000), generator=generator) < d
         store = _store([[0.0] * 50_000] * 12, masks.tolist())
-        jaccard = D.jaccard_pairs(D.packed_masks(store, range(12)), D.all_pairs(12))
+        jaccard = spread.jaccard_pairs(spread.packed_masks(store, range(12)), mixing.all_pairs(12))
         assert float(jaccard.mean()) == pytest.approx(d / (2 - d), abs=0.01)
-        full = D.jaccard_matrix(store, list(range(12)))
+        full = spread.jaccard_matrix(store, list(range(12)))
         assert torch.allclose(full[torch.triu(torch.ones(12, 12, dtype=torch.bool), 1)], jaccard)
 
 
 def test_packed_bits_count_exactly_and_flips_are_the_changed_share():
     generator = torch.Generator().manual_seed(1)
     x, y = torch.rand((5, 1000), generator=generator) < 0.3, torch.rand((5, 1000), generator=generator) < 0.6
-    px, py = D.pack_words(x), D.pack_words(y)
-    assert torch.equal(D.popcount(px), x.sum(1)) and torch.equal(D.popcount(px & py), (x & y).sum(1))
-    assert torch.allclose(D.flip_fractions(px, py, 1000), (x ^ y).sum(1).double() / 1000)
+    px, py = spread.pack_words(x), spread.pack_words(y)
+    assert torch.equal(spread.popcount(px), x.sum(1)) and torch.equal(spread.popcount(px & py), (x & y).sum(1))
+    assert torch.allclose(spread.flip_fractions(px, py, 1000), (x ^ y).sum(1).double() / 1000)
 
 
 def test_pair_sampling_above_the_threshold_is_linear_in_k_and_seeded():
-    small = D.diagnostic_pairs(D.ALL_PAIRS_MAX_K, 0, 0)
-    assert len(small) == D.ALL_PAIRS_MAX_K * (D.ALL_PAIRS_MAX_K - 1) // 2
+    small = mixing.diagnostic_pairs(mixing.ALL_PAIRS_MAX_K, 0, 0)
+    assert len(small) == mixing.ALL_PAIRS_MAX_K * (mixing.ALL_PAIRS_MAX_K - 1) // 2
     k = 200
-    pairs = D.diagnostic_pairs(k, 3, 7)
-    assert len(pairs) == len(set(pairs)) == D.JACCARD_PAIRS_PER_CLIENT * k
+    pairs = mixing.diagnostic_pairs(k, 3, 7)
+    assert len(pairs) == len(set(pairs)) == mixing.JACCARD_PAIRS_PER_CLIENT * k
     assert all(0 <= i < j < k for i, j in pairs)
-    assert pairs == D.diagnostic_pairs(k, 3, 7) and pairs != D.diagnostic_pairs(k, 4, 7)
+    assert pairs == mixing.diagnostic_pairs(k, 3, 7) and pairs != mixing.diagnostic_pairs(k, 4, 7)
 
 
 def test_personal_spread():
-    spread = D.personal_spread([0.5, 0.9, 0.1, 0.7])
-    assert spread == {"acc/personal_min": 0.1, "acc/personal_p10": pytest.approx(0.22),
+    values = spread.personal_spread([0.5, 0.9, 0.1, 0.7])
+    assert values == {"acc/personal_min": 0.1, "acc/personal_p10": pytest.approx(0.22),
                       "acc/personal_max": 0.9}
-    assert D.personal_spread([]) == {}
+    assert spread.personal_spread([]) == {}
 
 
 # -- in a run ------------------------------------------------------------------------------------------------
@@ -363,15 +362,15 @@ def test_a_row_stochastic_w_that_pulls_towards_one_client_has_a_gap_in_0_1():
     # clients 0 and 1 keep their models, client 2 copies client 1: the disagreement's l2 norm may grow for a
     # round (largest singular value 1.15) but repeated mixing never widens it: rho = 1 (two fixed points)
     w = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
-    gap, rho = D.spectral_gap(w)
+    gap, rho = mixing.spectral_gap(w)
     assert gap == pytest.approx(0.0, abs=1e-12) and rho == pytest.approx(1.0, abs=1e-12)
-    gap, rho = D.spectral_gap(torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64))
+    gap, rho = mixing.spectral_gap(torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64))
     assert gap == pytest.approx(0.5, abs=1e-12)  # client 0 halves its distance to client 1's model each round
 
 
 def test_under_heavy_dropout_the_realized_w_is_row_stochastic_and_the_gap_in_0_1(monkeypatch):
     seen = []
-    original = D.spectral_gap
+    original = mixing.spectral_gap
 
     def spy(w, participants=None):
         seen.append((w.clone(), list(participants)))
@@ -397,7 +396,7 @@ def test_the_spectral_gap_of_a_full_average_survives_lapacks_failure(p):
     rounding residue, on which torch's float64 eigvals fails to converge for P = 20 and 43. It ended 6 of 11 PSFL
     runs at dropout 0.1-0.3; the NumPy and Gelfand fallbacks give rho = 0, gap = 1."""
     w = torch.full((p, p), 1.0 / p, dtype=torch.float64)
-    gap, rho = D.spectral_gap(w)
+    gap, rho = mixing.spectral_gap(w)
     assert rho == pytest.approx(0.0, abs=1e-12) and gap == pytest.approx(1.0, abs=1e-12)
 
 
@@ -409,14 +408,14 @@ def test_spectral_radius_falls_back_to_numpy_then_to_gelfands_formula(monkeypatc
              (torch.zeros(3, 3, dtype=torch.float64), 0.0)]
     fail = lambda *a, **k: (_ for _ in ()).throw(torch.linalg.LinAlgError("failed to converge"))  # noqa: E731
     for m, rho in cases:
-        assert D.spectral_radius(m) == pytest.approx(rho, abs=1e-9)
+        assert mixing.spectral_radius(m) == pytest.approx(rho, abs=1e-9)
     monkeypatch.setattr(torch.linalg, "eigvals", fail)
     for m, rho in cases:
-        assert D.spectral_radius(m) == pytest.approx(rho, abs=1e-9)
+        assert mixing.spectral_radius(m) == pytest.approx(rho, abs=1e-9)
     monkeypatch.setattr(np.linalg, "eigvals", lambda a: (_ for _ in ()).throw(np.linalg.LinAlgError("no")))
     for m, rho in cases:
-        assert D.spectral_radius(m) == pytest.approx(rho, rel=1e-6, abs=1e-9)  # Gelfand: ||M^k||^(1/k), k = 2^60
-    assert math.isnan(D.spectral_radius(torch.tensor([[float("nan")]], dtype=torch.float64)))
+        assert mixing.spectral_radius(m) == pytest.approx(rho, rel=1e-6, abs=1e-9)  # Gelfand: ||M^k||^(1/k), k = 2^60
+    assert math.isnan(mixing.spectral_radius(torch.tensor([[float("nan")]], dtype=torch.float64)))
 
 
 def test_a_failing_diagnostic_is_logged_as_nan_with_one_warning_and_the_run_goes_on(monkeypatch):
@@ -452,10 +451,10 @@ _UNDER_DROPOUT = {  # every algorithm at K = 8, as its digits config runs it (sm
 def test_every_algorithms_realized_mixing_matrices_under_dropout_have_a_gap(name, dropout, monkeypatch):
     """Under dropout every round's realized W (what the trainer hands the diagnostics) gets a gap in [0, 1] (or
     NaN with fewer than two participants), and the run ends normally."""
-    from lightning_dfl.federation.algorithms import ALGORITHMS
+    from lightning_dfl.federation import ALGORITHMS
 
     seen = []
-    original = D.spectral_gap
+    original = mixing.spectral_gap
 
     def spy(w, participants=None):
         seen.append(original(w, participants))

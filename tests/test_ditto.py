@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer, masked_average
 from lightning_dfl.federation.algorithms import FedAvg
 from lightning_dfl.federation.algorithms.ditto import PERSONAL, Ditto
 from lightning_dfl.federation.algorithms.training import train_locally
-from lightning_dfl.federation.exchange.aggregation import masked_average
 from lightning_dfl.federation.metrics.evaluation import accuracy
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

@@ -11,13 +11,11 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer, RoundPlan, Source, Task, masked_average
 from lightning_dfl.federation.algorithms import DPSGD, FedAvg, Local, TopologyAlgorithm
 from lightning_dfl.federation.algorithms.base import average_messages, parallel_plan
-from lightning_dfl.federation.exchange.aggregation import masked_average
 from lightning_dfl.federation.exchange.messages import TopKCodec
-from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.store import DenseClientStore, StateField
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
@@ -83,7 +81,7 @@ def test_readme_ditto_keeps_a_personal_model_trained_with_a_proximal_term():
     finally:
         namespace.clear()
         gc.collect()
-    from lightning_dfl.federation.algorithms import Algorithm
+    from lightning_dfl.federation import Algorithm
 
     assert [c for c in _subclasses(Algorithm) if c.__name__ == "Ditto" and c.__module__ == "builtins"] == []
 

@@ -10,14 +10,12 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer, RunSettings, Task
 from lightning_dfl.federation.algorithms import DisPFL, Local
-from lightning_dfl.federation.exchange.plan import Task
 from lightning_dfl.federation.loop.batched import BatchedExecutor
 from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.loop.sharded import ShardedExecutor
 from lightning_dfl.federation.trainer.build import executor_for
-from lightning_dfl.federation.trainer.settings import RunSettings
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 
@@ -64,7 +62,7 @@ def test_a_task_context_refers_to_the_worker_and_the_spec_it_copies_nothing(fitt
     weights, _ = trainer.store.published(2)
     ctx.load_weights(weights)  # into the module itself: every context sees it
     assert all(torch.equal(worker.tensors[n], weights[n]) for n in weights)
-    assert all(torch.equal(t, weights[n]) for n, t in trainer.worker.items())
+    assert all(torch.equal(t, weights[n]) for n, t in trainer.worker_tensors.items())
     evaluation = federation.evaluation_context(1, True)
     assert evaluation.module is ctx.module and evaluation.local_epochs == 1
     fine_tune = evaluation.task(0, 1, local_epochs=3, local_steps=None, train_batches=None)

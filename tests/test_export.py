@@ -8,9 +8,9 @@ import torch
 from lightning_dfl.cli import main
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.export import client_model, client_test_images, export_client, measure_latency, zero_channels
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import PRISAM, Local
 from lightning_dfl.federation.algorithms.prisam import CHANNELS_FIELD
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.models import build_model
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.channels import ChannelMasks, apply_channel_masks_, masked_param_count

@@ -10,11 +10,10 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import Clock, FederatedTrainer
 from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DisPFL, FedAvg
-from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.trainer.checkpoint_file import read_state
 from lightning_dfl.federation.trainer.interrupts import Interrupted, resume_command
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

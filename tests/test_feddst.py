@@ -9,11 +9,9 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer, Message, Source, Task
 from lightning_dfl.federation.algorithms.feddst import FedDST, holder_average, reprune
-from lightning_dfl.federation.exchange.messages import Message
-from lightning_dfl.federation.exchange.plan import Source, Task
 from lightning_dfl.federation.store import DenseClientStore
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.erk import active_count, erk_densities
 

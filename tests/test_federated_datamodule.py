@@ -407,7 +407,8 @@ def test_max_train_samples_equal_to_the_split_is_the_whole_split():
 
 
 def test_a_client_without_test_samples_fails_in_setup(monkeypatch):
-    from lightning_dfl.datamodules.datasets import DATASETS, ImageData, Split
+    from lightning_dfl.datamodules.datasets import DATASETS
+    from lightning_dfl.datamodules.images import ImageData, Split
 
     def load_no_test_bees(root=None):  # class 1 ("bee") has training samples but none in the test split
         images = torch.zeros(12, 1, 4, 4, dtype=torch.uint8)

@@ -8,11 +8,8 @@ import torch
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.callbacks.rigl import RigL
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import Clock, FederatedTrainer, RoundPlan, masked_average
 from lightning_dfl.federation.algorithms import DPSGD, DisPFL, FedAvg, Local
-from lightning_dfl.federation.exchange.aggregation import masked_average
-from lightning_dfl.federation.exchange.plan import RoundPlan
-from lightning_dfl.federation.loop.clock import Clock
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
@@ -216,8 +213,7 @@ def test_num_neighbors_must_be_an_integer(algorithm):
 
 
 def test_a_user_algorithm_from_the_readme_runs_as_a_chain():
-    from lightning_dfl.federation.algorithms import Algorithm
-    from lightning_dfl.federation.exchange.plan import Source, Task
+    from lightning_dfl.federation import Algorithm, Source, Task
 
     class Chain(Algorithm):
         name = "chain"

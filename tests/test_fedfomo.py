@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms.fedfomo import (
     AFFINITY,
     FedFomo,
@@ -15,7 +16,6 @@ from lightning_dfl.federation.algorithms.fedfomo import (
     fomo_combine,
     fomo_weights,
 )
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DPSGD, FedAvg
 from lightning_dfl.federation.algorithms.finetune import DPSGDFT, FedAvgFT
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

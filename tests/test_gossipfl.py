@@ -11,10 +11,9 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.federation.algorithms.context import RoundContext
+from lightning_dfl.federation import FederatedTrainer, RoundContext
 from lightning_dfl.federation.algorithms.gossipfl import GossipFL, pair_seed, random_matching
 from lightning_dfl.federation.exchange.messages import RandomKCodec
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

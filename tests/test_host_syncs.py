@@ -15,11 +15,11 @@ from _graph_sim import SimulatedGraphs
 
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.deferred import device_paths_on_cpu, read_values
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DisPFL
 from lightning_dfl.federation.loop import step_graphs
 from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.store import DenseClientStore
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.rigl import rigl_masks
 from lightning_dfl.sparse.select import smallest_k_mask
@@ -102,12 +102,12 @@ def _fit(tmp_path, batch_size=16, rounds=2, count=None, store="dense", regrowth=
 #: computed on the device and the store keeps its value counts there until the round's end); with random regrowth
 #: RigL's active counts of every layer (the size of its random draw, made on the host so that a seed draws the
 #: same masks on any device); the compact store reads the published model's value count (the size of its record)
-#: with whether any weight lies outside its mask, for all layers at once, and compares the published and the next
-#: mask with the last ones, to share their bytes.
+#: with whether any weight lies outside its mask, for all layers at once (compact.py), and compares the published
+#: and the next mask with the last ones, to share their bytes (records.py, twice).
 TASK_READS = {("dense", "random"): ["masks.py"],
               ("dense", "gradient"): [],
-              ("compact", "random"): ["compact.py", "compact.py", "compact.py", "masks.py"],
-              ("compact", "gradient"): ["compact.py", "compact.py", "compact.py"]}
+              ("compact", "random"): ["compact.py", "records.py", "records.py", "masks.py"],
+              ("compact", "gradient"): ["compact.py", "records.py", "records.py"]}
 
 
 @pytest.mark.parametrize("store, cuda_graphs, regrowth", [("dense", False, "random"), ("compact", False, "random"),

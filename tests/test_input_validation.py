@@ -45,7 +45,7 @@ import pytest  # noqa: E402
 
 
 def test_a_seed_must_be_an_integer_numpy_accepts():
-    from lightning_dfl.federation.trainer.trainer import FederatedTrainer
+    from lightning_dfl.federation import FederatedTrainer
 
     for bad in (1.5, -1, 2**32):
         with pytest.raises(ValueError, match=rf"seed must be an integer in \[0, 4294967295\], got {bad!r}"):
@@ -54,8 +54,8 @@ def test_a_seed_must_be_an_integer_numpy_accepts():
 
 def test_a_second_fit_on_one_trainer_is_refused(tmp_path):
     from lightning_dfl.datamodules import FederatedDataModule
+    from lightning_dfl.federation import FederatedTrainer
     from lightning_dfl.federation.algorithms import Local
-    from lightning_dfl.federation.trainer.trainer import FederatedTrainer
     from lightning_dfl.module import SparseClassifier
 
     trainer = FederatedTrainer(algorithm=Local(), rounds=1, local_steps=1, logger=False, accelerator="cpu",
@@ -99,9 +99,9 @@ def test_export_refuses_a_checkpoint_whose_client_model_holds_nan(tmp_path):
 
     from lightning_dfl.datamodules import FederatedDataModule
     from lightning_dfl.export import export_client
+    from lightning_dfl.federation import FederatedTrainer
     from lightning_dfl.federation.algorithms import PRISAM
     from lightning_dfl.federation.trainer.checkpoint_file import read_state, write_state
-    from lightning_dfl.federation.trainer.trainer import FederatedTrainer
     from lightning_dfl.module import SparseClassifier
 
     trainer = FederatedTrainer(algorithm=PRISAM(ratio=0.5, num_groups=2, warmup_rounds=1), rounds=1, local_steps=1,

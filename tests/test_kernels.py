@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DisPFL
 from lightning_dfl.federation.trainer.kernel_settings import (
     apply_matmul_precision,
@@ -16,7 +17,6 @@ from lightning_dfl.federation.trainer.kernel_settings import (
     resolve_memory_format,
     slow_bfloat16,
 )
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.models import build_model
 from lightning_dfl.module import SparseClassifier
 

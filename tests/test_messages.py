@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_dfl.federation.exchange.aggregation import masked_average
+from lightning_dfl.federation import masked_average
 from lightning_dfl.federation.exchange.messages import (
     CODECS,
     DenseCodec,

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from lightning_dfl.federation import Clock, RoundPlan, Source, Task
 from lightning_dfl.federation.algorithms import DADPFL, RoundContext
-from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.exchange.topology import (
     FullTopology,
     InDegreeTopology,
@@ -10,7 +10,6 @@ from lightning_dfl.federation.exchange.topology import (
     TimeVaryingTopology,
     build_topology,
 )
-from lightning_dfl.federation.loop.clock import Clock
 
 
 def test_time_varying_topology_has_exact_in_and_out_degree():

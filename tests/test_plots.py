@@ -10,6 +10,7 @@ pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
 
 import lightning_dfl.plots as plots  # noqa: E402
+import lightning_dfl.plots.diagnostics as diagnostics_plots  # noqa: E402
 from lightning_dfl.cli import main  # noqa: E402
 from lightning_dfl.cost import CostCurve  # noqa: E402
 from lightning_dfl.federation.algorithms.dadpfl_waits import schedule_table  # noqa: E402
@@ -206,7 +207,7 @@ def test_diagnostics_heatmaps_tick_whole_clients_and_plain_colour_labels():
     ax = fig.subplots()
     matrix = np.random.default_rng(0).uniform(1e6, 3e6, (10, 10))
     np.fill_diagonal(matrix, 0)
-    plots._draw_bytes(ax, fig, matrix)
+    diagnostics_plots._draw_bytes(ax, fig, matrix)
     fig.canvas.draw()
     for ticks, limits in ((ax.get_xticks(), ax.get_xlim()), (ax.get_yticks(), ax.get_ylim())):
         visible = _visible(ticks, limits)
@@ -219,7 +220,7 @@ def test_diagnostics_heatmaps_tick_whole_clients_and_plain_colour_labels():
 def test_the_accuracy_histogram_counts_whole_clients():
     fig = plots.agg_figure(5.0, 4.0)
     ax = fig.subplots()
-    plots._draw_accuracy(ax, list(np.linspace(0.4, 0.9, 7)))
+    diagnostics_plots._draw_accuracy(ax, list(np.linspace(0.4, 0.9, 7)))
     fig.canvas.draw()
     assert all(float(t).is_integer() for t in _visible(ax.get_yticks(), ax.get_ylim()))
 
@@ -228,7 +229,7 @@ def test_the_accuracy_histograms_bars_have_edges():
     """Adjacent bars of equal height stay apart: each bar is drawn with a black edge of positive width."""
     fig = plots.agg_figure(5.0, 4.0)
     ax = fig.subplots()
-    plots._draw_accuracy(ax, [0.40, 0.41, 0.45, 0.46, 0.50, 0.51, 0.55, 0.56, 0.9, 0.9])
+    diagnostics_plots._draw_accuracy(ax, [0.40, 0.41, 0.45, 0.46, 0.50, 0.51, 0.55, 0.56, 0.9, 0.9])
     fig.canvas.draw()
     bars = [p for p in ax.patches if p.get_height() > 0]
     assert [p.get_height() for p in bars] == [4, 4, 2]  # two adjacent bars of equal height
@@ -246,7 +247,7 @@ def test_gaps_within_1e_12_of_zero_are_shown_as_zero():
     series = {"diag/spectral_gap": ([1, 2, 3], [-8.9e-16, 4.4e-16, 0.0]),
               "diag/consensus_distance": ([1, 2, 3], [3.0, 2.0, 1.0]),
               "diag/consensus_distance_masked": ([1, 2, 3], [1.0, 0.5, 0.2])}
-    plots._draw_mixing(ax_gap, ax_dist, series)
+    diagnostics_plots._draw_mixing(ax_gap, ax_dist, series)
     assert list(ax_gap.lines[0].get_ydata()) == [0.0, 0.0, 0.0]
     fig.canvas.draw()
     assert "e-1" not in ax_gap.yaxis.get_offset_text().get_text()
@@ -261,7 +262,7 @@ def test_the_jaccard_colours_span_the_off_diagonal_values():
     assert low < 0.5 < high
     fig = plots.agg_figure(6.0, 5.0)
     ax = fig.subplots()
-    plots._draw_jaccard(ax, fig, {"jaccard": matrix, "labels": None, "groups": None})
+    diagnostics_plots._draw_jaccard(ax, fig, {"jaccard": matrix, "labels": None, "groups": None})
     image = ax.images[0]
     assert image.get_clim() == (0.62, 0.70)
     assert np.isnan(np.diag(image.get_array().filled(np.nan))).all()

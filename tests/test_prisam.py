@@ -11,10 +11,9 @@ from _helpers import Kill
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer, RoundContext
 from lightning_dfl.federation.algorithms import DPSGD, PRISAM
-from lightning_dfl.federation.algorithms.context import RoundContext
 from lightning_dfl.federation.algorithms.prisam import CHANNELS_FIELD, ChannelMessage
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.models import build_model
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.channels import ChannelMasks, channel_groups, expand, export, kept_count, masked_param_count

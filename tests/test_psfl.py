@@ -11,10 +11,8 @@ from _helpers import Kill
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import Clock, FederatedTrainer, masked_average
 from lightning_dfl.federation.algorithms.psfl import PSFL
-from lightning_dfl.federation.exchange.aggregation import masked_average
-from lightning_dfl.federation.loop.clock import Clock
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

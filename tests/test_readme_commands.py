@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightning_dfl import cli
+from lightning_dfl.cli import entry
+from lightning_dfl.cli.analysis import SUBCOMMANDS
+from lightning_dfl.cli.plot import PLOT_KINDS
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -91,7 +93,7 @@ def _call(args: list[str]) -> tuple[int, str, str]:
     code = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            cli.main(args)
+            entry.main(args)
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 1
     return code, out.getvalue(), err.getvalue()
@@ -151,16 +153,16 @@ def check_page(markdown: str) -> list[str]:
                                 "the first run's --trainer.default_root_dir")
             if trainer["checkpoint_every"]:
                 produced.add(str(Path(run) / "checkpoints" / "last.ckpt"))
-        elif name in ("plot", *cli.SUBCOMMANDS):
+        elif name in ("plot", *SUBCOMMANDS):
             if "--help" in rest or "-h" in rest:
                 continue
             try:
-                namespace = cli.command_parser(name).parse_args(rest)
+                namespace = entry.command_parser(name).parse_args(rest)
             except (Exception, SystemExit) as err:  # argparse without exit_on_error exits
                 problems.append(f"{line}: {err}")
                 continue
             if name == "plot":
-                if namespace.kind not in cli.PLOT_KINDS:
+                if namespace.kind not in PLOT_KINDS:
                     problems.append(f"{line}: unknown plot kind {namespace.kind!r}")
                 need(namespace.run_dir, "run folder", line, repository=True)
             for run in getattr(namespace, "runs", None) or []:

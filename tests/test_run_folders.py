@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from lightning_dfl.cli import main
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.metrics.report import build_logger, claim_version_folder
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+from lightning_dfl.federation import Clock
 from lightning_dfl.federation.algorithms.dadpfl_waits import (
     format_schedule_table,
     random_rounds,
@@ -15,7 +16,6 @@ from lightning_dfl.federation.algorithms.dadpfl_waits import (
     simulate_round,
     simulate_rounds,
 )
-from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.pruning_time import PruningSchedule, detection_score, first_pruning_round, pruning_rounds, vote
 
 # --- Eq. 6: pruning rounds ---------------------------------------------------------------------

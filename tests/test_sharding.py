@@ -10,10 +10,10 @@ import torch
 
 from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting
 from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DPSGDFT, DisPFL, FedFomo
 from lightning_dfl.federation.loop.sharded import check_shardable
 from lightning_dfl.federation.trainer.checkpoint_file import read_state
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 COMMON = ["--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--data.test_samples_per_client",
@@ -141,7 +141,7 @@ def test_a_subclass_that_changes_behaviour_declares_the_flags_again():
 
 def test_the_registered_algorithms_flags_are_their_own_declarations():
     """Every registered algorithm declares the flags it has in its own body (none relies on inheriting)."""
-    from lightning_dfl.federation.algorithms import ALGORITHMS
+    from lightning_dfl.federation import ALGORITHMS
 
     for name in ALGORITHMS.names():
         cls = ALGORITHMS.get(name)

@@ -8,8 +8,8 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DADPFL, DPSGD, DisPFL, FedDST, Local, SubFedAvg
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.models import build_model
 from lightning_dfl.module import SparseClassifier
 

@@ -43,7 +43,8 @@ def test_top_level_paths_import_no_torch_or_lightning(args, code):
 
 
 def test_importing_the_package_and_cli_imports_no_torch():
-    code = ("import sys, lightning_dfl, lightning_dfl.cli, lightning_dfl.analysis; "
+    code = ("import sys, lightning_dfl, lightning_dfl.cli, lightning_dfl.cli.analysis, lightning_dfl.cli.kept_help, "
+            "lightning_dfl.cli.fit_help, lightning_dfl.cli.plot, lightning_dfl.cli.config_files; "
             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -51,12 +52,13 @@ def test_importing_the_package_and_cli_imports_no_torch():
 
 def test_the_fit_classes_are_still_reachable_from_the_cli_module():
     from lightning_dfl import cli
-    from lightning_dfl.fit_cli import FederatedArgumentParser, FederatedCLI
+    from lightning_dfl.cli.errors import user_errors
+    from lightning_dfl.cli.fit import FederatedArgumentParser, FederatedCLI
 
     assert cli.FederatedCLI is FederatedCLI and cli.FederatedArgumentParser is FederatedArgumentParser
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    assert MisconfigurationException in cli.user_errors() and MisconfigurationException in cli.USER_ERRORS
+    assert MisconfigurationException in user_errors()
 
 
 @pytest.mark.parametrize("args, code", [
@@ -79,7 +81,7 @@ def test_a_closed_stdout_ends_quietly_with_a_fixed_code(args, code):
                                             (["fit", "--trainer.algorithm.help", "DADPFL"], True),
                                             (["fit", "--config", "help.yaml"], False), (["cost", "--runs=[a]"], False)])
 def test_help_requests_are_recognized(args, expected):
-    from lightning_dfl.cli import is_help_request
+    from lightning_dfl.cli.entry import is_help_request
 
     assert is_help_request(args) is expected
 
@@ -91,11 +93,11 @@ def test_a_first_fit_help_is_shown_without_torch_from_the_kept_texts(tmp_path, m
     package for these sources: no torch, no Lightning, nothing written to the cache."""
     import json
 
-    from lightning_dfl import cli
+    from lightning_dfl.cli.kept_help import KEPT_HELP, help_environment
 
-    kept = json.loads(cli.KEPT_HELP.read_text())["environment"]
-    if kept != cli.help_environment():  # texts kept for other versions are not shown (rendered as usual)
-        pytest.skip(f"the kept help texts were written with {kept}, this is {cli.help_environment()}")
+    kept = json.loads(KEPT_HELP.read_text())["environment"]
+    if kept != help_environment():  # texts kept for other versions are not shown (rendered as usual)
+        pytest.skip(f"the kept help texts were written with {kept}, this is {help_environment()}")
     monkeypatch.setenv("LIGHTNING_DFL_CACHE", str(tmp_path))
     monkeypatch.delenv("COLUMNS", raising=False)
     result, done = _probe(args)

@@ -15,10 +15,10 @@ from _helpers import Kill
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import BEER, DADPFL, PSFL, DisPFL, Ditto, FedAvg, Local, SubFedAvg
 from lightning_dfl.federation.loop import step_graphs
 from lightning_dfl.federation.loop.step_graphs import StepGraphs, check_graphable
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

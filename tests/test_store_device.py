@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_map
 import lightning_dfl.federation.store.memory as store_memory
 import lightning_dfl.transfers as transfers
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DisPFL
 from lightning_dfl.federation.store import CompactClientStore, DenseClientStore, StateField
 from lightning_dfl.federation.store.factory import load_store_state
@@ -38,7 +39,6 @@ from lightning_dfl.federation.store.memory import (
     resolve_store_device,
     store_bytes,
 )
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.masks import ModelMask
 from lightning_dfl.transfers import copy_all_

@@ -8,6 +8,7 @@ import torch
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer, Message
 from lightning_dfl.federation.algorithms.subfedavg import (
     SubFedAvg,
     hamming,
@@ -15,8 +16,6 @@ from lightning_dfl.federation.algorithms.subfedavg import (
     magnitude_prune,
     prune_counts,
 )
-from lightning_dfl.federation.exchange.messages import Message
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")

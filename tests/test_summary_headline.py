@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from lightning_dfl.cli import main
-from lightning_dfl.federation.algorithms import ALGORITHMS
+from lightning_dfl.federation import ALGORITHMS
 from lightning_dfl.federation.metrics.report import HEADLINES, RunSummary, print_summary, progress_status
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -8,9 +8,9 @@ from lightning.pytorch import Callback
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import Local
 from lightning_dfl.federation.loop.state import FederationState
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 

@@ -18,11 +18,11 @@ from torch import nn
 
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.callbacks.pqi import PQIPruning
-from lightning_dfl.callbacks.voting import PruningTimeVoting, pack_bits, unpack_bits
+from lightning_dfl.callbacks.voting import PruningTimeVoting
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import DADPFL
 from lightning_dfl.federation.store import ClientFields, DenseClientStore, StateField
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 from lightning_dfl.sparse.masks import ModelMask, sparsity
 
@@ -37,8 +37,8 @@ def _fed_trainer(callbacks, net=None, max_rounds=20, num_clients=4):
     trainer = SimpleNamespace(is_federated=True, current_round=0, max_rounds=max_rounds, num_clients=num_clients,
                               callbacks=callbacks, logged={})
     trainer.log_metrics = lambda metrics: trainer.logged.setdefault(trainer.current_round, {}).update(metrics)
-    fields = [StateField(**spec) for c in callbacks if hasattr(c, "client_state_fields")
-              for spec in c.client_state_fields(trainer, net)]
+    fields = [spec for c in callbacks if hasattr(c, "client_state_fields") for spec in c.client_state_fields(trainer, net)]
+    assert all(isinstance(spec, StateField) for spec in fields)
     trainer.store = DenseClientStore({}, [], num_clients, fields=fields)
     trainer.client_state = lambda k: ClientFields(trainer.store, k)
     return trainer
@@ -63,16 +63,6 @@ def _weights_only_round_trip(state):
     torch.save(state, buffer)
     buffer.seek(0)
     return torch.load(buffer, weights_only=True)
-
-
-def test_pack_bits_is_numpys_packbits_and_unpacks_exactly():
-    generator = torch.Generator().manual_seed(0)
-    for count in (0, 1, 7, 8, 9, 61):
-        bits = torch.rand(count, generator=generator) < 0.5
-        packed = pack_bits(bits)
-        assert packed.dtype == torch.uint8 and packed.shape == (math.ceil(count / 8),)
-        assert np.array_equal(packed.numpy(), np.packbits(bits.numpy()))
-        assert torch.equal(unpack_bits(packed, count), bits)
 
 
 # -- voting in a federation -------------------------------------------------------------------

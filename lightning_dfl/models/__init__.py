@@ -12,6 +12,7 @@ from collections.abc import Callable
 from torch import nn
 
 from lightning_dfl.checks import check_int, is_int, is_number
+from lightning_dfl.errors import ConfigurationError
 from lightning_dfl.models.alexnet import alexnet
 from lightning_dfl.models.cnn import cnn_cifar, cnn_digits, cnn_ham
 from lightning_dfl.models.resnet import resnet18, resnet20
@@ -51,7 +52,7 @@ def build_model(name: str, num_classes: int, in_channels: int | None = None,
     ``in_channels`` and ``image_size`` default to the model's own setting (3 and 32 for the
     CIFAR models, 3 and 64 for ``alexnet``/``cnn_ham``, 1 and 8 for ``cnn_digits``).
     ``kwargs`` are the builder's options (:func:`model_options`). Raises ``ValueError`` for an
-    unknown name or an incompatible size, ``TypeError`` for an option the builder lacks.
+    unknown name or an incompatible size, ``ConfigurationError`` (a ``TypeError``) for an option the builder lacks.
     """
     builder = MODELS.get(name)
     num_classes = check_int("num_classes", num_classes, 2)
@@ -65,7 +66,7 @@ def build_model(name: str, num_classes: int, in_channels: int | None = None,
     options = model_options(name)
     unknown = sorted(set(kwargs) - set(options))
     if unknown:
-        raise TypeError(f"model {name!r} has no option(s) {unknown}; its options are {options}")
+        raise ConfigurationError(f"model {name!r} has no option(s) {unknown}; its options are {options}")
     for option, value in kwargs.items():  # an option takes its default's kind: hidden=1.5 is not a layer width
         default = options[option]
         if is_int(default) and not is_int(value):

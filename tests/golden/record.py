@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation import FederatedTrainer
 from lightning_dfl.federation.algorithms import (
     DADPFL,
     DPSGD,
@@ -36,7 +37,6 @@ from lightning_dfl.federation.algorithms import (
     Local,
     SubFedAvg,
 )
-from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
 
 PATH = Path(__file__).with_name("engine_runs.pt")

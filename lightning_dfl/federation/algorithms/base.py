@@ -5,6 +5,7 @@ a new algorithm overrides the few it changes (see the README, "Writing an algori
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,8 +22,9 @@ from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.exchange.topology import FullTopology, Topology, build_topology
 from lightning_dfl.federation.metrics.evaluation import deferred_accuracy
 from lightning_dfl.federation.store import ClientStore, StateField
+from lightning_dfl.hooks import is_overridden
 
-__all__ = ["Algorithm", "TopologyAlgorithm", "RoundContext", "TaskContext", "parallel_plan"]
+__all__ = ["Algorithm", "FlagsLostWarning", "TopologyAlgorithm", "RoundContext", "TaskContext", "parallel_plan"]
 
 #: class flags the engine trusts, read with :meth:`Algorithm.declares`
 DECLARED_FLAGS = ("shardable", "reads_only_sources")
@@ -33,15 +35,24 @@ NEUTRAL_METHODS = ("__init__", "validate", "deviations", "label", "run_name", "m
 BEHAVIOUR_ATTRIBUTES = ("keep_optimizer_state",)
 
 
+class FlagsLostWarning(UserWarning):
+    """A subclass changed behaviour and so lost flags its parent declares (:meth:`Algorithm.declares`)."""
+
+
+def _behaviour_changes(namespace: dict[str, Any]) -> list[str]:
+    """What a class body (``vars(cls)``) changes of what its parent's tasks do (see :meth:`Algorithm.declares`):
+    the names of its methods outside :data:`NEUTRAL_METHODS` and of the :data:`BEHAVIOUR_ATTRIBUTES` it sets."""
+    changes = []
+    for key, value in namespace.items():
+        method = inspect.isfunction(value) or isinstance(value, (property, staticmethod, classmethod))
+        if key in BEHAVIOUR_ATTRIBUTES or (method and key not in NEUTRAL_METHODS):
+            changes.append(key)
+    return changes
+
+
 def _changes_behaviour(namespace: dict[str, Any]) -> bool:
     """Whether a class body (``vars(cls)``) changes what its parent's tasks do (see :meth:`Algorithm.declares`)."""
-    for key, value in namespace.items():
-        if key in BEHAVIOUR_ATTRIBUTES:
-            return True
-        method = inspect.isfunction(value) or isinstance(value, (property, staticmethod, classmethod))
-        if method and key not in NEUTRAL_METHODS:
-            return True
-    return False
+    return bool(_behaviour_changes(namespace))
 
 
 class Algorithm:
@@ -77,7 +88,9 @@ class Algorithm:
     ``name`` or ``title``, :meth:`deviations`, :data:`NEUTRAL_METHODS`) keeps them. A subclass that
     defines any other method (a hook such as :meth:`plan_round` or :meth:`aggregate`, or a helper its
     parent calls) or sets :data:`BEHAVIOUR_ATTRIBUTES` loses them unless it declares them again in its
-    own body (``shardable = True``); a plain subclass opts out with ``shardable = False``.
+    own body (``shardable = True``), and is told so when the class is defined, in one
+    :class:`FlagsLostWarning` naming the flags and the methods; a plain subclass opts out with
+    ``shardable = False``.
     """
 
     #: short name used in logs and run folders
@@ -108,6 +121,26 @@ class Algorithm:
     #: exchanges (plans) per round: :meth:`plan_round` is called once per exchange with
     #: ``ctx.exchange``; each exchange's published models are what the next one reads (gossip steps)
     exchanges_per_round = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        parent = cls.__mro__[1]
+        lost = [flag for flag in DECLARED_FLAGS
+                if getattr(parent, "declares", None) is not None and parent.declares(flag) and not cls.declares(flag)
+                and flag not in vars(cls)]
+        if lost:
+            changed = sorted(_behaviour_changes(vars(cls)))
+            warnings.warn(FlagsLostWarning(
+                f"{cls.__qualname__} changes {', '.join(changed)} of {parent.__qualname__}, so it does not inherit "
+                f"{' and '.join(f'{flag} = True' for flag in lost)}: the engine cannot know the new code keeps "
+                f"what they promise. If it does, declare them in {cls.__qualname__}'s body "
+                f"({'; '.join(f'{flag} = True' for flag in lost)}); to silence this, set them to False"), stacklevel=2)
+
+    @classmethod
+    def overrides(cls, hook: str) -> bool:
+        """Whether the class defines ``hook`` itself rather than inheriting :class:`Algorithm`'s (the engine asks
+        this instead of importing the base class)."""
+        return is_overridden(hook, cls, Algorithm)
 
     @classmethod
     def declares(cls, flag: str) -> bool:

@@ -103,7 +103,7 @@ class BEER(TopologyAlgorithm):
 
     name = "beer"
     title = "BEER"
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    reads_only_sources = True
 
     def __init__(self, num_neighbors: int = 2, topology: str = "ring", gamma: float = 0.01,
                  eta: float | None = None, compressor: str = "gsgd", bits: int = 9, ratio: float = 0.1,

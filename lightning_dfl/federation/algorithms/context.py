@@ -1,11 +1,12 @@
 """What an algorithm sees: a round's context when it plans, a task's context while a node's task runs, and an
-evaluation context at a round's end."""
+evaluation context at a round's end; the latter two refer to the run's fixed values (:class:`RunSpec`) and the
+worker (what :class:`WorkerAccess` names of :class:`~lightning_dfl.federation.loop.worker.Worker`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -16,9 +17,40 @@ from lightning_dfl.federation.metrics.evaluation import accuracy
 from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.seeding import derive_seed
 
-if TYPE_CHECKING:
-    from lightning_dfl.federation.loop.state import RunSpec
-    from lightning_dfl.federation.loop.worker import Worker
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A run's fixed values: what tasks, evaluations and a checkpoint's identity read. Frozen: they do not change
+    while the run runs (a resumed run may change ``rounds``, ``eval_every`` and ``checkpoint_every``)."""
+
+    seed: int
+    rounds: int
+    num_clients: int
+    local_epochs: int
+    local_steps: int | None
+    eval_every: int
+    checkpoint_every: int
+    precision: Any
+    #: the trainer's other settings that change results (a checkpoint's identity): dropout, deadline, ...
+    result_settings: dict[str, Any] = field(default_factory=dict)
+
+
+class WorkerAccess(Protocol):
+    """What a context reads of the worker (the loop's :class:`~lightning_dfl.federation.loop.worker.Worker`)."""
+
+    module: Any
+    optimizer: Any
+    fabric: Any
+    #: the module's floating parameters and buffers by the store's names
+    tensors: dict[str, Tensor]
+
+    def load(self, weights: dict[str, Tensor]) -> None: ...
+
+    def weights(self) -> dict[str, Tensor]: ...
+
+    def train_batches(self, client: int, generator: torch.Generator) -> CountingBatches: ...
+
+    def test_batches(self, client: int) -> CountingBatches: ...
 
 
 @dataclass(frozen=True)
@@ -75,7 +107,7 @@ class _OnWorker:
     """What a task's and an evaluation's contexts share: the run's fixed values (``spec``) and the worker."""
 
     spec: RunSpec
-    worker: Worker
+    worker: WorkerAccess
 
     @property
     def num_rounds(self) -> int:
@@ -130,10 +162,10 @@ class TaskContext(_OnWorker):
     task: Task
     round_idx: int
     exchange: int
-    #: the run's fixed values (:class:`~lightning_dfl.federation.loop.state.RunSpec`)
+    #: the run's fixed values (:class:`RunSpec`)
     spec: RunSpec
     #: the worker (:class:`~lightning_dfl.federation.loop.worker.Worker`): module, optimizer, Fabric, tensors, batches
-    worker: Worker
+    worker: WorkerAccess
     store: ClientStore
     call: Callable[..., None]
     local_epochs: int
@@ -149,6 +181,8 @@ class TaskContext(_OnWorker):
     #: the task's writes of its node's private fields (:meth:`write`), committed by the executor when the
     #: node publishes, and discarded with the rest of the update when the task is contained
     staged: dict[str, Any] = field(default_factory=dict)
+    #: the names :meth:`write` staged, in order (a name once per write): what a hook wrote is what it appended
+    writes: list[str] = field(default_factory=list)
 
     @property
     def node(self) -> int:
@@ -158,6 +192,11 @@ class TaskContext(_OnWorker):
         """Stage a write of the node's field ``name`` (a tensor, a number, or for ``like="weights"``/``"mask"``
         fields a dict by parameter): the store gets it only if the task's update is finite."""
         self.staged[name] = value
+        self.writes.append(name)
+
+    def written_since(self, mark: int) -> dict[str, Any]:
+        """The staged values of the fields written after ``len(self.writes)`` was ``mark`` (e.g. in one hook)."""
+        return {name: self.staged[name] for name in dict.fromkeys(self.writes[mark:]) if name in self.staged}
 
     def read(self, name: str) -> Any:
         """The node's field ``name`` as this task sees it: its staged write, else the store's value."""
@@ -190,7 +229,7 @@ class EvaluationContext(_OnWorker):
     #: whether this round is an evaluated one (``eval_every``, and the last)
     evaluates: bool
     spec: RunSpec
-    worker: Worker
+    worker: WorkerAccess
     store: ClientStore
     #: ``() -> (weights, mask) | None``: the algorithm's shared model (its consensus sources, averaged)
     shared_model: Callable[[], tuple[dict[str, Tensor], dict[str, Tensor]] | None]

@@ -47,7 +47,7 @@ class DADPFL(TopologyAlgorithm):
 
     name = "dadpfl"
     shardable = True  # no state changes inside tasks (its callbacks speak the sharding protocol)
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    reads_only_sources = True
     personal_masks = True
     sends_masks = True
 

@@ -69,7 +69,7 @@ class DFedAvgM(TopologyAlgorithm):
     """
 
     name = "dfedavgm"
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    reads_only_sources = True
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", momentum: float = 0.9,
                  message_dtype: str | None = None, rule: str = "original",

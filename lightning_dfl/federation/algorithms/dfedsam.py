@@ -89,7 +89,7 @@ class DFedSAM(DFedAvgM):
     """
 
     name = "dfedsam"
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    reads_only_sources = True
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", momentum: float = 0.9,
                  rho: float = 0.01, gossip_steps: int = 1, message_dtype: str = "float32") -> None:

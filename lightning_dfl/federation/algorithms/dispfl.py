@@ -23,8 +23,8 @@ class DisPFL(TopologyAlgorithm):
     """
 
     name = "dispfl"
-    shardable = True  # no state changes inside tasks
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    shardable = True
+    reads_only_sources = True
     personal_masks = True
     sends_masks = True
 

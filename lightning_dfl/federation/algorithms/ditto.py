@@ -59,6 +59,9 @@ class Ditto(FedAvg):
     """
 
     name = "ditto"
+    #: FedAvg's flags do not hold unchecked for its own hooks (not yet shardable; may read other models)
+    shardable = False
+    reads_only_sources = False
     headline = "personal"
 
     def __init__(self, clients_per_round: int = 10, lam: float = 0.5, global_epochs: int | None = 2,
@@ -106,17 +109,12 @@ class Ditto(FedAvg):
         """x_i = SGD_{E_g}(w^t), then E_p epochs of personal steps on v_i; the worker ends with x_i
         (what the client sends), v_i goes to the store."""
         anchor = ctx.worker_weights()  # w^t, fixed for the round
-        epochs, steps = ctx.local_epochs, ctx.local_steps
-        if self.global_epochs is not None:
-            ctx.local_epochs, ctx.local_steps = self.global_epochs, None
-        loss = super().local_train(ctx)
+        loss = train_locally(self, ctx, self.global_epochs)  # None: the trainer's local work
         shared = ctx.worker_weights()
         ctx.load_weights(ctx.store.read(ctx.node, PERSONAL))
         ctx.scratch["anchor"] = anchor
         self.configure_optimizer(ctx)
-        ctx.local_epochs, ctx.local_steps = self.personal_epochs, None
-        train_locally(self, ctx)
-        ctx.local_epochs, ctx.local_steps = epochs, steps
+        train_locally(self, ctx, self.personal_epochs)
         del ctx.scratch["anchor"]
         ctx.write(PERSONAL, ctx.worker_weights())  # staged: a non-finite v_i is contained with the task's x_i
         ctx.load_weights(shared)

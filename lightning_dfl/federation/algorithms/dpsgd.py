@@ -19,8 +19,8 @@ class DPSGD(TopologyAlgorithm):
     """
 
     name = "dpsgd"
-    shardable = True  # no state changes inside tasks
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    shardable = True
+    reads_only_sources = True
     headline = "consensus"
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", headline: str = "consensus") -> None:

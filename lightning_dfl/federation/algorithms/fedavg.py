@@ -16,8 +16,8 @@ class FedAvg(Algorithm):
     """
 
     name = "fedavg"
-    shardable = True  # no state changes inside tasks
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    shardable = True
+    reads_only_sources = True
     num_servers = 1
     headline = "consensus"
 

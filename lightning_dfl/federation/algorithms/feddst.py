@@ -82,6 +82,9 @@ class FedDST(FedAvg):
     """
 
     name = "feddst"
+    #: FedAvg's flags do not hold unchecked for its own hooks (not yet shardable; may read other models)
+    shardable = False
+    reads_only_sources = False
 
     def __init__(self, clients_per_round: int = 10, readjustment_ratio: float = 0.5, readjust_every: int = 10,
                  decay_end: int | None = None, schedule: str = "paper") -> None:

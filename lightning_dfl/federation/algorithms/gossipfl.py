@@ -65,7 +65,7 @@ class GossipFL(Algorithm):
 
     name = "gossipfl"
     title = "GossipFL"
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    reads_only_sources = True
     #: SAPS_FL's defaults: compress_ratio 0.01 and one SGD step per gossip (``trainer.local_steps: 1``)
     ORIGINAL_RATIO = 0.01
 

@@ -10,8 +10,8 @@ class Local(Algorithm):
     """Local training only: no communication (the papers' "Local" baseline)."""
 
     name = "local"
-    shardable = True  # no state changes inside tasks
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    shardable = True
+    reads_only_sources = True
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         return RoundPlan(ctx.round_idx, [Task(node=k) for k in ctx.active_clients])

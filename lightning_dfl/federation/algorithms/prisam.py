@@ -146,7 +146,7 @@ class PRISAM(TopologyAlgorithm):
 
     name = "prisam"
     shardable = True
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    reads_only_sources = True
 
     def __init__(self, ratio: float | list[float] = 0.5, num_groups: int = 5, grouping: str = "kmeans",
                  warmup_rounds: int = 3, regroup: str = "every_round", prune_after_train: bool = False,

@@ -61,7 +61,7 @@ class PSFL(Algorithm):
 
     name = "psfl"
     title = "PSFL"
-    reads_only_sources = True  # its tasks read their sources and their own start-of-round model only
+    reads_only_sources = True
     num_servers = 2
     headline = "global"
 

@@ -101,6 +101,9 @@ class SubFedAvg(FedAvg):
     """
 
     name = "subfedavg"
+    #: FedAvg's flags do not hold unchecked for its own hooks (not yet shardable; may read other models)
+    shardable = False
+    reads_only_sources = False
     headline = "subnetwork"  # baselines-notes 9: w * m_i on every client's test set
 
     def __init__(self, clients_per_round: int = 10, prune_fraction: float = 0.1, target_density: float = 0.7,

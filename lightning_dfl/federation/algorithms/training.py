@@ -24,13 +24,15 @@ if TYPE_CHECKING:
     from lightning_dfl.federation.algorithms.context import TaskContext
 
 
-def task_batches(ctx: TaskContext) -> Iterator[tuple[int, int, Any]]:
-    """``(epoch, batch_idx, batch)``: ``local_epochs`` passes, or exactly ``local_steps`` batches
-    (passes restart as needed: each pass is one epoch for the callbacks)."""
+def task_batches(ctx: TaskContext, epochs: int | None = None) -> Iterator[tuple[int, int, Any]]:
+    """``(epoch, batch_idx, batch)``: the task's ``local_epochs`` passes, or exactly its ``local_steps`` batches
+    (passes restart as needed: each pass is one epoch for the callbacks); ``epochs`` given: that many passes
+    instead (e.g. Ditto's personal epochs)."""
     assert ctx.train_batches is not None
-    steps_left = ctx.local_steps
+    steps_left = ctx.local_steps if epochs is None else None
+    passes = ctx.local_epochs if epochs is None else epochs
     epoch = 0
-    while (epoch < ctx.local_epochs) if steps_left is None else steps_left > 0:
+    while (epoch < passes) if steps_left is None else steps_left > 0:
         ctx.call("on_train_epoch_start")
         drawn = 0
         for batch_idx, batch in enumerate(ctx.train_batches):
@@ -46,10 +48,11 @@ def task_batches(ctx: TaskContext) -> Iterator[tuple[int, int, Any]]:
         epoch += 1
 
 
-def train_locally(algorithm: Algorithm, ctx: TaskContext) -> Tensor | float:
-    """Run the local loop; return the mean training loss per sample as a 0-dim tensor on the worker's
-    device, not waited for (:mod:`lightning_dfl.deferred`; NaN when no sample; not finite when training
-    diverged: the executor then discards the update)."""
+def train_locally(algorithm: Algorithm, ctx: TaskContext, epochs: int | None = None) -> Tensor | float:
+    """Run the local loop (the task's local work, or ``epochs`` passes: :func:`task_batches`); return the mean
+    training loss per sample as a 0-dim tensor on the worker's device, not waited for
+    (:mod:`lightning_dfl.deferred`; NaN when no sample; not finite when training diverged: the executor then
+    discards the update)."""
     module, optimizer, graphs = ctx.module, ctx.optimizer, getattr(ctx, "step_graphs", None)  # None: a bare context
     module.train()
     if graphs is not None:
@@ -60,7 +63,7 @@ def train_locally(algorithm: Algorithm, ctx: TaskContext) -> Tensor | float:
     def backward(batch: Any) -> Tensor:  # with graphs (the algorithm's optimizer_step is the default: closure, step)
         return _closure(algorithm, ctx, batch)()
 
-    for _, batch_idx, batch in task_batches(ctx):
+    for _, batch_idx, batch in task_batches(ctx, epochs):
         ctx.call("on_train_batch_start", batch, batch_idx)
         if graphs is None:
             loss = algorithm.optimizer_step(ctx, _closure(algorithm, ctx, batch))  # the closure zeroes the gradients

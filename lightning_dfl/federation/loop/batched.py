@@ -58,21 +58,21 @@ from lightning.fabric.utilities.rank_zero import rank_zero_info
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from lightning_dfl.callbacks.base import federated_batch_hooks
 from lightning_dfl.deferred import accumulator_dtype
 from lightning_dfl.federation.algorithms.context import TaskContext
 from lightning_dfl.federation.algorithms.training import task_batches
 from lightning_dfl.federation.exchange.plan import RoundPlan
+from lightning_dfl.federation.loop.callback_hooks import federated_batch_hooks
 from lightning_dfl.federation.loop.executor import PlanRun, SerialExecutor
 from lightning_dfl.federation.loop.functional_sgd import sgd_step
 from lightning_dfl.federation.metrics.accounting import ClientRecord, RoundAccounting
+from lightning_dfl.hooks import is_overridden
 from lightning_dfl.host_memory import available_bytes, format_bytes
 from lightning_dfl.sparse.masks import zero_inactive_all_
 from lightning_dfl.transfers import copy_all_, to_device
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.loop.state import FederationState
-    from lightning_dfl.federation.trainer.settings import RunSettings
 
 __all__ = ["BatchedExecutor", "auto_group_size", "check_batchable", "client_step_bytes", "memory_budget",
            "weighted_cross_entropy"]
@@ -146,16 +146,15 @@ def auto_group_size(per_client: int, budget: int | None) -> int | None:
 def check_batchable(algorithm: Any, module: Any, optimizer: Any, precision: Any, callbacks: list[Any]) -> None:
     """Raise ``ValueError`` (naming the reason) unless a run of ``algorithm`` on the worker ``module`` with this
     optimizer, precision and callbacks can train its clients batched."""
-    from lightning_dfl.federation.algorithms.base import Algorithm
     from lightning_dfl.module import SparseClassifier
 
     name = type(algorithm).__name__
     for hook in ("local_train", "loss", "optimizer_step"):
-        if getattr(type(algorithm), hook) is not getattr(Algorithm, hook):
+        if algorithm.overrides(hook):
             raise ValueError(f"batched_clients: {name} has its own {hook}; only the default local loop is batched")
     if algorithm.keep_optimizer_state:
         raise ValueError(f"batched_clients: {name} keeps optimizer state across rounds; not batched")
-    if type(module).loss is not SparseClassifier.loss:
+    if is_overridden("loss", module, SparseClassifier):
         raise ValueError(f"batched_clients: {type(module).__name__} overrides loss; not batched")
     norm_buffers = set()
     for layer_name, layer in module.model.named_modules():
@@ -210,7 +209,7 @@ class BatchedExecutor(SerialExecutor):
         check_batchable(algorithm, module, optimizer, precision, callbacks)
 
     @classmethod
-    def create(cls, state: FederationState, settings: RunSettings) -> BatchedExecutor:
+    def create(cls, state: FederationState, settings: Any) -> BatchedExecutor:
         """The batched executor with the settings' ``batched_group_size``."""
         return cls(state, settings.batched_group_size)
 
@@ -270,7 +269,6 @@ class BatchedExecutor(SerialExecutor):
             t.progress.start_task(item.ctx)
             t.worker.load({**t.worker.tensors, **trained})
             t.worker.module.mask.load_(item.masks, apply=False)
-            t.progress.train_dataloader = item.ctx.train_batches
             item.record.loss = loss
             self.finish_task(item.ctx, item.record, run)
             self.task_ended(item.ctx.task)

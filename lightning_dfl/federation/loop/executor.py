@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_dfl.callbacks.base import defined_hooks, speaks_shard_protocol
 from lightning_dfl.deferred import accumulator_dtype, host_reads_are_cheap
 from lightning_dfl.federation.algorithms.context import TaskContext
 from lightning_dfl.federation.exchange.messages import PUBLISH_BOUND, dtype_bound
 from lightning_dfl.federation.exchange.plan import RoundPlan, Task
+from lightning_dfl.federation.loop.callback_hooks import defined_hooks, speaks_shard_protocol
 from lightning_dfl.federation.loop.start_reads import StartReads
 from lightning_dfl.federation.metrics.accounting import ClientRecord, RoundAccounting
 from lightning_dfl.federation.store.fields import OPTIMIZER_FIELD, OPTIMIZER_STARTED
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.loop.state import FederationState
-    from lightning_dfl.federation.trainer.settings import RunSettings
+
 
 def _within_bound(tensors: Iterable[Tensor], bound: float = PUBLISH_BOUND) -> list[Tensor]:
     """0-dim bools, one per dtype, on the floating ``tensors``' device: every entry finite and of magnitude <=
@@ -73,7 +73,7 @@ class SerialExecutor:
         allocated; the serial executor trains any."""
 
     @classmethod
-    def create(cls, state: FederationState, settings: RunSettings) -> SerialExecutor:
+    def create(cls, state: FederationState, settings: Any) -> SerialExecutor:
         """The executor of ``state`` with the settings it takes."""
         return cls(state)
 
@@ -167,7 +167,7 @@ class SerialExecutor:
             record.acc_aggregated = algorithm.evaluate(ctx, "aggregated")
         generator = ctx.generator("data")
         torch.manual_seed(ctx.seed_of("torch"))
-        ctx.train_batches = t.progress.train_dataloader = worker.train_batches(node, generator)
+        ctx.train_batches = worker.train_batches(node, generator)
         record.flops = 3 * forward_flops  # per sample, at the mask it trains under (x samples at the end)
         algorithm.configure_optimizer(ctx)
         self._restore_optimizer_state(ctx)
@@ -198,9 +198,9 @@ class SerialExecutor:
         t = self.state
         recorders = [(c, c.shard_snapshot()) for c in t.callbacks if defined_hooks(c, ("on_client_train_end",))
                      and hasattr(c, "shard_snapshot") and hasattr(c, "shard_rollback")]
-        checked = {name: id(value) for name, value in ctx.staged.items()}
+        mark = len(ctx.writes)
         t.call("on_client_train_end", ctx.node)
-        recorded = {name: value for name, value in ctx.staged.items() if checked.get(name) != id(value)}
+        recorded = ctx.written_since(mark)
         # a callback's change of the model (e.g. pruning) or its records staged with the task (e.g. a vote) must be
         # finite too: else the task is contained and what the callbacks counted of it is taken back
         if (self._changes_after_training() or recorded) and not self._finite(staged=recorded):
@@ -244,7 +244,7 @@ class SerialExecutor:
         else:
             self._search(ctx, record, ok, None if ok is True else kept_mask)
         run.accounting.records.append(record)
-        t.progress.train_dataloader = None
+        t.progress.end_tasks()  # the task has ended: callbacks see no running client until the next one starts
 
     def _search(self, ctx: TaskContext, record: ClientRecord, ok: bool | Tensor, kept_mask: Any) -> None:
         """The callbacks' mask search (``on_client_end``) for the mask the node trains with next, its batches'
@@ -338,15 +338,13 @@ class SerialExecutor:
         changes the trained model, and mask searches whose counts can be taken back: callbacks that speak the
         sharding protocol: :func:`~lightning_dfl.callbacks.base.speaks_shard_protocol`), with the store on the worker's
         device (a store in host memory would upload the start-of-round model to select from)."""
-        from lightning_dfl.federation.algorithms.base import Algorithm
-
         t = self.state
         if not self.selects_without_reading or host_reads_are_cheap(device) or ctx.staged or ctx.report:
             return False
         store = torch.device(t.store.device)
         if store.type != device.type or (store.index or 0) != (device.index or 0):
             return False
-        if type(t.algorithm).publish_fields is not Algorithm.publish_fields or self._changes_after_training():
+        if t.algorithm.overrides("publish_fields") or self._changes_after_training():
             return False
         return all(speaks_shard_protocol(c) for c in t.callbacks if defined_hooks(c, ("on_client_end",)))
 

@@ -17,7 +17,7 @@ from lightning_dfl.errors import RunDiverged
 from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.loop.planner import RoundPlanner
 from lightning_dfl.federation.metrics.accounting import RoundAccounting
-from lightning_dfl.federation.metrics.diagnostics import personal_spread
+from lightning_dfl.federation.metrics.spread import personal_spread
 
 __all__ = ["RoundOutcome", "run_exchanges"]
 

@@ -36,9 +36,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_dfl.callbacks.base import SHARD_PROTOCOL, defined_hooks, speaks_shard_protocol
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.exchange.plan import RoundPlan
+from lightning_dfl.federation.loop.callback_hooks import SHARD_PROTOCOL, defined_hooks, speaks_shard_protocol
 from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.metrics.accounting import RoundAccounting
 

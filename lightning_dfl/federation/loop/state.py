@@ -1,6 +1,6 @@
 """``FederationState``: the engine's record of one federation, built once when ``fit`` sets up.
 
-Three parts, each with one kind of value: the run's fixed values (:class:`RunSpec`: seed, sizes, the settings a
+Three parts, each with one kind of value: the run's fixed values (:class:`~lightning_dfl.federation.algorithms.context.RunSpec`: seed, sizes, the settings a
 checkpoint's identity holds), the worker (:class:`~lightning_dfl.federation.loop.worker.Worker`: module, optimizer,
 Fabric, tensors, batches), and the round's progress (:class:`RoundProgress`: the round, the running task, the
 metrics history), beside the algorithm, the callbacks with their hook dispatch, the client store and the clock.
@@ -10,55 +10,20 @@ record and runs the loop over it; nothing below the trainer imports the trainer.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
-from lightning_dfl.federation.algorithms.context import CountingBatches, EvaluationContext, TaskContext
+from lightning_dfl.federation.algorithms.context import EvaluationContext, RunSpec, TaskContext
 from lightning_dfl.federation.exchange.aggregation import masked_average
 from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.loop.worker import Worker
 from lightning_dfl.federation.metrics.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.store.protocol import ClientStore
 
-__all__ = ["FederationState", "HookDispatch", "RoundProgress", "RunSpec"]
-
-
-class HookDispatch:
-    """``dispatch(hook, *args)`` runs ``hook(owner, module, *args)`` on every callback that defines it, as
-    Lightning calls its callbacks (with the trainer first). It holds its owner weakly: the record that
-    keeps it does not keep a finished trainer, and its store, alive."""
-
-    def __init__(self, owner: Any, callbacks: list[Any], module: Any) -> None:
-        self._owner = weakref.ref(owner)
-        self.callbacks, self.module = callbacks, module
-
-    def __call__(self, hook: str, *args: Any) -> None:
-        owner = self._owner()
-        for callback in self.callbacks:
-            fn = getattr(callback, hook, None)
-            if callable(fn):
-                fn(owner, self.module, *args)
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """A run's fixed values: what tasks, evaluations and a checkpoint's identity read. Frozen: they do not change
-    while the run runs (a resumed run may change ``rounds``, ``eval_every`` and ``checkpoint_every``)."""
-
-    seed: int
-    rounds: int
-    num_clients: int
-    local_epochs: int
-    local_steps: int | None
-    eval_every: int
-    checkpoint_every: int
-    precision: Any
-    #: the trainer's other settings that change results (a checkpoint's identity): dropout, deadline, ...
-    result_settings: dict[str, Any] = field(default_factory=dict)
+__all__ = ["FederationState", "RoundProgress"]
 
 
 @dataclass(eq=False)
@@ -72,9 +37,9 @@ class RoundProgress:
     client: int | None = None
     #: the running task's context: callbacks' field writes for its client are staged there
     task: TaskContext | None = None
-    #: the running task's training batches (Lightning callbacks look for ``train_dataloader``)
-    train_dataloader: CountingBatches | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+    #: what callbacks logged for the round's row (``trainer.log_metrics``), cleared as each round starts
+    logged: dict[str, float] = field(default_factory=dict)
 
     def start_task(self, ctx: TaskContext) -> None:
         """``ctx``'s task runs: its client and its context are the running ones (its batches once drawn)."""
@@ -82,7 +47,7 @@ class RoundProgress:
 
     def end_tasks(self) -> None:
         """No task runs (between tasks, or after a plan)."""
-        self.client = self.task = self.train_dataloader = None
+        self.client = self.task = None
 
 
 @dataclass(eq=False)

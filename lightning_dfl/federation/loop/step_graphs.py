@@ -1,7 +1,7 @@
 """Local SGD steps replayed from CUDA graphs (``trainer.cuda_graphs``): one launch per step, not ~800.
 
 A masked ResNet18 step of batch 128 launches ~775 kernels; on an H200 it took 10-12 ms in every precision and
-layout (README "Performance"): the host's dispatch of the kernels, not the GPU's arithmetic, set the pace. A CUDA
+layout (docs/performance.md): the host's dispatch of the kernels, not the GPU's arithmetic, set the pace. A CUDA
 graph (:class:`torch.cuda.CUDAGraph`) records the kernels of a step's closure (the zeroing, forward, loss and
 backward with the mask's gradient hooks) and replays them with one launch; the optimizer's update and the
 re-masking after it (a few multi-tensor kernels) run as usual after the replay, so the learning rate (which the
@@ -105,19 +105,19 @@ def check_graphable(algorithm: Any, module: Any, precision: Any, callbacks: list
     """Raise ``ValueError`` naming the reason unless the run's local steps can be captured (module docstring)."""
     from lightning.pytorch import LightningModule
 
-    from lightning_dfl.callbacks.base import defined_hooks
-    from lightning_dfl.federation.algorithms.base import Algorithm
+    from lightning_dfl.federation.loop.callback_hooks import defined_hooks
+    from lightning_dfl.hooks import is_overridden
     from lightning_dfl.module import SparseClassifier
 
     name = type(algorithm).__name__
     for hook in ("loss", "optimizer_step"):
-        if getattr(type(algorithm), hook) is not getattr(Algorithm, hook):
+        if algorithm.overrides(hook):
             raise ValueError(f"cuda_graphs: {name} has its own {hook}, whose Python a graph would run once; only the "
                              "default step is captured (set cuda_graphs false)")
-    if type(module).loss is not SparseClassifier.loss:
+    if is_overridden("loss", module, SparseClassifier):
         raise ValueError(f"cuda_graphs: {type(module).__name__} has its own loss, whose Python a graph would run once; "
                          "only the default step is captured (set cuda_graphs false)")
-    overridden = [hook for hook in STEP_HOOKS if getattr(type(module), hook) is not getattr(LightningModule, hook)]
+    overridden = [hook for hook in STEP_HOOKS if is_overridden(hook, module, LightningModule)]
     if overridden:
         raise ValueError(f"cuda_graphs: {type(module).__name__} defines {', '.join(overridden)}, which run inside a "
                          "step; a graph would run them once (set cuda_graphs false)")

@@ -4,7 +4,8 @@
 * :mod:`~.fields`: :class:`StateField` (a declared per-node value), :class:`ClientState`, :class:`ClientFields`;
 * :mod:`~.dense`: :class:`DenseClientStore` (``store="dense"``, the default), two dense slots per node;
 * :mod:`~.compact`: :class:`CompactClientStore` (``store="compact"``), active values plus packed mask bits;
-* :mod:`~.records`: the compact record codec (checkpoints and ``export`` read saved stores through it);
+* :mod:`~.records`: the compact record codec (checkpoints and ``export`` read saved stores through it) and the
+  compact format's check; :mod:`~.saved_state`: a saved store's layout and the checks both formats share;
 * :mod:`~.memory`: where a store lives and whether it fits; :mod:`~.factory`: the run's store, built.
 """
 

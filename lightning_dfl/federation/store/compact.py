@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_dfl.allocator import release_heap
 from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.federation.store.fields import StateField
 from lightning_dfl.federation.store.protocol import ClientStore
@@ -54,21 +55,25 @@ from lightning_dfl.federation.store.records import (
     FORMAT,
     INT_VIEWS,
     bit_range,
+    check_compact_state,
     pack_bits,
     pack_bits_all,
     scatter_,
     select,
     select_all,
+    share_equal_parts,
     signed_zeros,
     unpack_bits,
+    unpack_bits_together,
 )
+from lightning_dfl.federation.store.saved_state import StoreLayout
 from lightning_dfl.sparse.masks import Masks, sums_by_part, zero_inactive_all_
 from lightning_dfl.transfers import copy_all_
 
-__all__ = ["TRIM_EVERY_BYTES", "CompactClientStore", "release_heap"]
+__all__ = ["TRIM_EVERY_BYTES", "CompactClientStore"]
 
 
-# -- bits -------------------------------------------------------------------------------------------
+# -- memory -------------------------------------------------------------------------------------------
 
 
 def _storages(tensors: Iterable[Tensor]) -> int:
@@ -80,49 +85,8 @@ def _storages(tensors: Iterable[Tensor]) -> int:
     return sum(seen.values())
 
 
-def _load_malloc_trim() -> Any:
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-#: bytes of temporaries (dense copies, bool masks) after which the heap is trimmed
+#: bytes of temporaries (dense copies, bool masks) after which the heap is trimmed (:func:`release_heap`)
 TRIM_EVERY_BYTES = 1 << 27
-
-
-def release_heap() -> None:
-    """Give freed heap pages back to the OS (glibc's ``malloc_trim``; nothing elsewhere). A record is
-    allocated between a task's temporaries, which glibc then keeps: without this the process's RSS grows
-    by about the temporaries of every write (tens of MB per ResNet18 model) although the store is small."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-def _shared(old: Mapping[str, Tensor], new: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``new`` packed masks, each part replaced by ``old``'s when equal (records share their bytes); one host
-    read for all parts."""
-    names = [n for n, b in new.items() if old[n].shape == b.shape]
-    if not names:
-        equal = []
-    elif host_reads_are_cheap(new[names[0]].device) or len(names) < 2 or any(new[n].numel() == 0 for n in names):
-        equal = torch.stack([old[n].eq(new[n]).all() for n in names]).tolist()
-    else:  # on an accelerator: every part compared in a few kernels
-        differ = torch.cat([old[n] for n in names]).ne(torch.cat([new[n] for n in names]))
-        equal = sums_by_part(differ, [new[n].numel() for n in names]).eq(0).tolist()
-    same = {n for n, e in zip(names, equal) if e}
-    return {n: old[n] if n in same else b for n, b in new.items()}
-
-
-def _unpack_together(bits: Mapping[str, Tensor], order: list[str]) -> tuple[Tensor, dict[str, int]]:
-    """The packed masks ``bits[n]`` for ``n`` in ``order`` unpacked at once (concatenated; each part is
-    byte-padded): the flat bits and where each mask starts in them."""
-    packed = [bits[n] for n in order]
-    flat = unpack_bits(torch.cat(packed), 8 * sum(p.numel() for p in packed))
-    return flat, dict(zip(order, np.cumsum([0] + [8 * p.numel() for p in packed]).tolist()))
 
 
 # -- the store --------------------------------------------------------------------------------------
@@ -268,7 +232,7 @@ class CompactClientStore(ClientStore):
             grouped = [n for names in groups.values() for n in names]
             kept = set(grouped)
             order = grouped + [n for n in self.masked_names if n not in kept]  # each group contiguous
-            bits, offsets = _unpack_together(record["bits"], order)
+            bits, offsets = unpack_bits_together(record["bits"], order)
             for n in order:
                 masks[n] = bits[offsets[n]:offsets[n] + self.numels[n]]
             for dtype, names in groups.items():
@@ -337,7 +301,7 @@ class CompactClientStore(ClientStore):
         dense = self._copies(weights, self.names)
         masks = self._all_masks(mask)
         record = self._record(dense, masks)
-        record["bits"] = _shared(self.current_bits[node], record["bits"])
+        record["bits"] = share_equal_parts(self.current_bits[node], record["bits"])
         self.fresh_records[node] = record
         self._publish_fields(node, fields)
 
@@ -348,7 +312,7 @@ class CompactClientStore(ClientStore):
 
     def _share(self, node: int, bits: dict[str, Tensor]) -> dict[str, Tensor]:
         """``bits`` (a current mask), each part replaced by the node's latest published one when equal."""
-        return _shared((self.fresh_records[node] if node in self.fresh_records else self._start(node))["bits"], bits)
+        return share_equal_parts((self.fresh_records[node] if node in self.fresh_records else self._start(node))["bits"], bits)
 
     # -- processes sharing a federation (sharding) --------------------------------------
     def task_views(self, node: int) -> list[Tensor]:
@@ -443,7 +407,7 @@ class CompactClientStore(ClientStore):
     def packed_published_masks(self, nodes: Sequence[int]) -> Tensor:
         """The nodes' current published masks as ``(len(nodes), words)`` int64 rows: each record's packed
         bits, names in order, zero-padded to whole words (no decoding). Any fixed packing serves the
-        diagnostics' popcounts (:func:`~lightning_dfl.federation.metrics.diagnostics.packed_masks`)."""
+        diagnostics' popcounts (:func:`~lightning_dfl.federation.metrics.spread.packed_masks`)."""
         size = sum(-(-self.numels[n] // 8) for n in self.masked_names)
         out = torch.zeros((len(nodes), -(-size // 8) * 8), dtype=torch.uint8, device=self.device)
         if self.masked_names:
@@ -458,7 +422,7 @@ class CompactClientStore(ClientStore):
         bits = self.current_bits[node]
         if host_reads_are_cheap(self.device) or not self.masked_names:
             return {n: unpack_bits(bits[n], self.numels[n]).view(self.shapes[n]) for n in self.masked_names}
-        flat, offsets = _unpack_together(bits, self.masked_names)
+        flat, offsets = unpack_bits_together(bits, self.masked_names)
         return {n: flat[offsets[n]:offsets[n] + self.numels[n]].view(self.shapes[n]) for n in self.masked_names}
 
     def published(self, node: int, fresh: bool = False) -> tuple[dict[str, Tensor], Masks]:
@@ -501,6 +465,12 @@ class CompactClientStore(ClientStore):
         return {"format": FORMAT, "names": list(self.names), "masked_names": list(self.masked_names),
                 "shapes": {n: list(s) for n, s in self.shapes.items()}, "records": records,
                 "current_bits": current_bits, "slot": self.slot, "fields": fields}
+
+    @staticmethod
+    def check_saved_state(saved: Mapping[str, Any], layout: StoreLayout) -> None:
+        """Refuse a compact store's saved state (:meth:`state_dict`'s, ``format == "compact"``) that cannot load
+        into a store of ``layout``: :func:`~lightning_dfl.federation.store.records.check_compact_state`."""
+        check_compact_state(saved, layout)
 
     @torch.no_grad()
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

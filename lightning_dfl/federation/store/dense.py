@@ -28,6 +28,15 @@ from torch import Tensor
 from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.federation.store.fields import StateField
 from lightning_dfl.federation.store.protocol import ClientStore
+from lightning_dfl.federation.store.saved_state import (
+    INT_DTYPES,
+    SavedStateError,
+    StoreLayout,
+    check_fields,
+    check_slots,
+    named,
+    tensor_of,
+)
 from lightning_dfl.sparse.masks import Masks, count_active_together, zero_inactive_
 from lightning_dfl.transfers import copy_all_, to_device
 
@@ -189,6 +198,33 @@ class DenseClientStore(ClientStore):
         return {"weights": self._cpu(self.weights), "published_masks": self._cpu(self.published_masks),
                 "masks": self._cpu(self.masks), "slot": self.slot, "active": self.active,
                 "fields": {name: self._cpu(parts) for name, parts in self.fields.items()}}
+
+    @staticmethod
+    def check_saved_state(saved: Mapping[str, Any], layout: StoreLayout) -> None:
+        """Refuse a dense store's saved state (:meth:`state_dict`'s, no ``format``) that cannot load into a store
+        of ``layout`` with one :class:`~lightning_dfl.federation.store.saved_state.SavedStateError`: a missing
+        part, parameter names, node count, shapes or dtypes that differ, slots or fields that do not fit. Nothing
+        is loaded; the values themselves are checked elsewhere."""
+        keys = ("weights", "published_masks", "masks", "slot", "active", "fields")
+        lacking = [k for k in keys if k not in saved]
+        if lacking:
+            raise SavedStateError(f"its store has no {lacking} (it holds {sorted(map(str, saved))}): neither a dense "
+                                  "store nor a compact one (format 'compact')")
+        n_nodes = layout.num_nodes
+        for key, names, lead, dtype in (("weights", list(layout.shapes), (2, n_nodes), None),
+                                        ("published_masks", layout.masked_names, (2, n_nodes), torch.bool),
+                                        ("masks", layout.masked_names, (n_nodes,), torch.bool)):
+            theirs = named(saved[key], f"its store's {key}", names)
+            for n in names:
+                nodes = getattr(theirs[n], "shape", ())[len(lead) - 1:len(lead)]
+                if nodes and nodes[0] != n_nodes:
+                    raise SavedStateError(f"its store's {key} {n!r} hold {nodes[0]} nodes, this run has {n_nodes} "
+                                          "(clients plus servers)")
+                tensor_of(theirs[n], f"its store's {key} {n!r}", (*lead, *layout.shapes[n]),
+                          (dtype or layout.dtypes[n],))
+        check_slots(saved["slot"], n_nodes)
+        tensor_of(saved["active"], "its store's active counts", (2, n_nodes), INT_DTYPES)
+        check_fields(saved, layout)
 
     @torch.no_grad()
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

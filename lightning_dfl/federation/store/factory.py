@@ -15,6 +15,7 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
+from lightning_dfl.errors import ConfigurationError
 from lightning_dfl.federation.store.compact import CompactClientStore
 from lightning_dfl.federation.store.dense import DenseClientStore
 from lightning_dfl.federation.store.fields import OPTIMIZER_FIELD, OPTIMIZER_STARTED, StateField
@@ -22,11 +23,12 @@ from lightning_dfl.federation.store.memory import check_store_fits, pin_store_me
 from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.federation.store.records import FORMAT as COMPACT_FORMAT
 from lightning_dfl.federation.store.records import dense_state_dict
+from lightning_dfl.federation.store.saved_state import SavedStateError, StoreLayout
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.sparse.masks import Masks
 
-__all__ = ["MASK_THREADS", "STORE_KINDS", "build_store", "check_store_kind", "initial_masks", "load_store_state",
-           "state_fields", "store_class"]
+__all__ = ["MASK_THREADS", "STORE_KINDS", "build_store", "check_store_kind", "check_store_state", "load_store_state",
+           "node_initial_masks", "state_fields", "store_class"]
 
 #: the client store backends of ``FederatedTrainer(store=...)``
 STORE_KINDS = ("dense", "compact")
@@ -47,6 +49,17 @@ def store_class(kind: str) -> type[ClientStore]:
 MASK_THREADS = 8
 
 
+def _state_field(callback: Any, spec: Any) -> StateField:
+    """A callback's declared field: a :class:`StateField` (or, as callbacks wrote them before, its keyword
+    arguments as a dict)."""
+    if isinstance(spec, StateField):
+        return spec
+    if isinstance(spec, dict):
+        return StateField(**spec)
+    raise ConfigurationError(f"{type(callback).__name__}.client_state_fields returned {spec!r} ({type(spec).__name__}); "
+                    "allowed: StateField (lightning_dfl.state_field) or a dict of its arguments")
+
+
 def state_fields(algorithm: Any, callbacks: list[Any], owner: Any, model: Any) -> list[StateField]:
     """The store's declared fields: the algorithm's, its kept optimizer state, the callbacks'
     (``client_state_fields(owner, model)``, ``owner`` the trainer the callbacks see)."""
@@ -58,11 +71,11 @@ def state_fields(algorithm: Any, callbacks: list[Any], owner: Any, model: Any) -
     for callback in callbacks:
         declare = getattr(callback, "client_state_fields", None)
         if callable(declare):
-            fields.extend(StateField(**spec) for spec in declare(owner, model))
+            fields.extend(_state_field(callback, spec) for spec in declare(owner, model))
     return fields
 
 
-def initial_masks(model: Any, personal: bool, seed: int, num_clients: int, num_nodes: int) -> Iterator[Masks]:
+def node_initial_masks(model: Any, personal: bool, seed: int, num_clients: int, num_nodes: int) -> Iterator[Masks]:
     """Every node's initial mask in node order: with ``personal`` masks a client's own random one (seeded by
     its index), else the module's. Drawn on a few threads (each client has its own generator, so the masks
     do not depend on the threads), a few ahead of the node being initialized."""
@@ -103,9 +116,23 @@ def build_store(kind: str, where: str, worker: dict[str, Tensor], model: Any, fi
     store = store_class(kind)(worker, masked, num_nodes, device=device, fields=fields,
                               pin_memory=pin_store_memory(device, worker_device, estimate, processes))
     shared = model.shared_initialization(worker)
-    for node, mask in enumerate(initial_masks(model, personal_masks, seed, num_clients, num_nodes)):
+    for node, mask in enumerate(node_initial_masks(model, personal_masks, seed, num_clients, num_nodes)):
         store.initialize(node, shared, mask)
     return store
+
+
+def check_store_state(saved: Mapping[str, Any], layout: StoreLayout) -> None:
+    """Refuse a saved store (``state_dict()`` of either backend) that cannot load into a store of ``layout``: the
+    check of its format's store (:meth:`~lightning_dfl.federation.store.protocol.ClientStore.check_saved_state`;
+    either backend's format loads into either store). Raises one
+    :class:`~lightning_dfl.federation.store.saved_state.SavedStateError`; nothing is loaded."""
+    kind = saved.get("format")
+    if kind == COMPACT_FORMAT:
+        CompactClientStore.check_saved_state(saved, layout)
+    elif kind is not None:
+        raise SavedStateError(f"its store has format {kind!r}; a store is the dense layout (no format) or 'compact'")
+    else:
+        DenseClientStore.check_saved_state(saved, layout)
 
 
 def load_store_state(store: ClientStore, state: Mapping[str, Any]) -> None:

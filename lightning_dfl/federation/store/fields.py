@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.sparse.masks import Masks
+from lightning_dfl.state_field import StateField
 from lightning_dfl.transfers import copy_all_
 
 if TYPE_CHECKING:
@@ -29,39 +30,6 @@ __all__ = ["OPTIMIZER_FIELD", "OPTIMIZER_STARTED", "ClientFields", "ClientState"
 #: has started (its first task starts it fresh)
 OPTIMIZER_FIELD = "optimizer/{}"
 OPTIMIZER_STARTED = "optimizer/started"
-
-
-@dataclass(frozen=True)
-class StateField:
-    """A per-node value an algorithm or a callback declares; it lives in the store.
-
-    Args:
-        name: unique key, by convention ``"<owner>/<what>"`` (``"ditto/personal"``, ``"voting/delta_first"``).
-        shape: the value's shape per node (``()`` for a scalar); ignored when ``like`` is set.
-        dtype: its dtype (``None`` with ``like="weights"``: each parameter's own dtype).
-        fill: the initial value of every entry (``float("nan")`` marks "not set yet").
-        like: ``"weights"``: one tensor per model entry with the weights' shapes (a personal model,
-            momentum buffers, tracking variables); ``"mask"``: one per masked parameter (a mask
-            history, initial masks); ``None``: a single tensor of ``shape``.
-        published: neighbours read it like the model (two slots: start of round and this round's,
-            written with :meth:`ClientStore.publish <lightning_dfl.federation.store.protocol.ClientStore.publish>`);
-            else private to the node.
-    """
-
-    name: str
-    shape: tuple[int, ...] = ()
-    dtype: torch.dtype | None = torch.float32
-    fill: float = 0.0
-    like: str | None = None
-    published: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.name or not isinstance(self.name, str):
-            raise ValueError(f"a state field needs a non-empty name, got {self.name!r}")
-        if self.like not in (None, "weights", "mask"):
-            raise ValueError(f"field {self.name!r}: like must be None, 'weights' or 'mask', got {self.like!r}")
-        if self.like is None and self.dtype is None:
-            raise ValueError(f"field {self.name!r}: a dtype is needed unless like='weights'")
 
 
 @dataclass

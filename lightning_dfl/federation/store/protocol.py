@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.federation.store.fields import ClientState, DeclaredFields, StateField
+from lightning_dfl.federation.store.saved_state import StoreLayout
 from lightning_dfl.sparse.masks import Masks
 
 __all__ = ["ClientStore", "FieldPairs"]
@@ -248,6 +249,13 @@ class ClientStore(ABC):
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Everything the store holds, on the CPU (for checkpoints); call between rounds."""
+
+    @staticmethod
+    @abstractmethod
+    def check_saved_state(saved: Mapping[str, Any], layout: StoreLayout) -> None:
+        """Refuse a saved state of this store's format that cannot load into a store of ``layout`` (one
+        :class:`~lightning_dfl.federation.store.saved_state.SavedStateError` naming what is wrong); nothing is
+        loaded. :func:`~lightning_dfl.federation.store.factory.check_store_state` picks the store by the format."""
 
     @abstractmethod
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -1,12 +1,12 @@
-"""A node's compact record, and the conversions of a saved compact store.
+"""A node's compact record, the format check of a saved compact store, and its conversions.
 
 A record holds a node's published model as the active values of each masked parameter, its mask as
 packed bits (:func:`pack_bits`: 8 entries per byte, little-endian within a byte), the signs of its
 inactive zeros where some are ``-0.0``, and its other parameters dense. The compact store
 (:mod:`~lightning_dfl.federation.store.compact`) keeps its nodes this way; a saved compact store
-expands into the dense store's layout (:func:`dense_state_dict`) and gives any node's weights
-(:func:`checkpoint_weights`) without either store class: both stores, the checkpoints and ``export``
-use this module, which imports neither.
+is checked before it loads (:func:`check_compact_state`), expands into the dense store's layout
+(:func:`dense_state_dict`) and gives any node's weights (:func:`checkpoint_weights`) without either store
+class: both stores, the checkpoints and ``export`` use this module, which imports neither.
 """
 
 from __future__ import annotations
@@ -20,9 +20,21 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.deferred import host_reads_are_cheap
+from lightning_dfl.federation.store.saved_state import (
+    SavedStateError,
+    StoreLayout,
+    check_fields,
+    check_slots,
+    named,
+    shown_list,
+    tensor_of,
+)
+from lightning_dfl.sparse import bits as bit_packing
+from lightning_dfl.sparse.masks import sums_by_part
 
-__all__ = ["FORMAT", "INT_VIEWS", "bit_range", "checkpoint_weights", "dense_state_dict", "pack_bits", "pack_bits_all",
-           "record_weights", "scatter_", "select", "select_all", "signed_zeros", "unpack_bits"]
+__all__ = ["FORMAT", "INT_VIEWS", "bit_range", "check_compact_state", "checkpoint_weights", "dense_state_dict",
+           "pack_bits", "pack_bits_all", "record_weights", "scatter_", "select", "select_all", "share_equal_parts",
+           "signed_zeros", "unpack_bits", "unpack_bits_together"]
 
 #: ``state_dict()["format"]`` of a compact store
 FORMAT = "compact"
@@ -30,13 +42,14 @@ FORMAT = "compact"
 
 def pack_bits(bits: Tensor) -> Tensor:
     """A bool tensor as ``ceil(numel / 8)`` uint8, flattened, little-endian within a byte (numpy's
-    ``packbits(..., bitorder="little")``); on the tensor's device."""
+    ``packbits(..., bitorder="little")``); on the tensor's device (numpy on a CPU, where it is faster; else
+    :func:`lightning_dfl.sparse.bits.pack_bits`)."""
     flat = bits.reshape(-1)
     if flat.dtype != torch.bool:
         flat = flat.bool()
     if host_reads_are_cheap(flat.device):
         return torch.from_numpy(np.packbits(flat.contiguous().numpy(), bitorder="little"))
-    return _pack_torch(flat)
+    return bit_packing.pack_bits(flat, bitorder="little")
 
 
 def pack_bits_all(masks: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -48,31 +61,39 @@ def pack_bits_all(masks: Mapping[str, Tensor]) -> dict[str, Tensor]:
     if device is None or host_reads_are_cheap(device) or len(parts) < 2 \
             or any(m.numel() % 8 or m.device != device for m in parts):
         return {n: pack_bits(m) for n, m in masks.items()}
-    packed = _pack_torch(torch.cat([m.reshape(-1) if m.dtype == torch.bool else m.reshape(-1).bool() for m in parts]))
+    packed = bit_packing.pack_bits(torch.cat([m.reshape(-1) if m.dtype == torch.bool else m.reshape(-1).bool()
+                                              for m in parts]), bitorder="little")
     return {n: part.clone() for n, part in zip(masks, packed.split([m.numel() // 8 for m in parts]))}
-
-
-def _pack_torch(flat: Tensor) -> Tensor:
-    """:func:`pack_bits` with torch operations (any device)."""
-    pad = (-flat.numel()) % 8
-    b = flat.view(torch.uint8)
-    if pad:
-        b = torch.nn.functional.pad(b, (0, pad))
-    shifts = torch.arange(8, dtype=torch.uint8, device=flat.device)
-    return (b.view(-1, 8) << shifts).sum(dim=1, dtype=torch.uint8)  # bit i of a byte: entry i (at most 255)
 
 
 def unpack_bits(packed: Tensor, count: int) -> Tensor:
     """The first ``count`` bits of :func:`pack_bits`'s output as a flat bool tensor (a new tensor)."""
     if host_reads_are_cheap(packed.device):
         return torch.from_numpy(np.unpackbits(packed.numpy(), count=count, bitorder="little")).view(torch.bool)
-    return _unpack_torch(packed, count)
+    return bit_packing.unpack_bits(packed, count, bitorder="little")
 
 
-def _unpack_torch(packed: Tensor, count: int) -> Tensor:
-    """:func:`unpack_bits` with torch operations (any device)."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    return ((packed.unsqueeze(1) >> shifts) & 1).reshape(-1)[:count].view(torch.bool)
+def share_equal_parts(old: Mapping[str, Tensor], new: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``new`` packed masks, each part replaced by ``old``'s when equal (records share their bytes); one host
+    read for all parts."""
+    names = [n for n, b in new.items() if old[n].shape == b.shape]
+    if not names:
+        equal = []
+    elif host_reads_are_cheap(new[names[0]].device) or len(names) < 2 or any(new[n].numel() == 0 for n in names):
+        equal = torch.stack([old[n].eq(new[n]).all() for n in names]).tolist()
+    else:  # on an accelerator: every part compared in a few kernels
+        differ = torch.cat([old[n] for n in names]).ne(torch.cat([new[n] for n in names]))
+        equal = sums_by_part(differ, [new[n].numel() for n in names]).eq(0).tolist()
+    same = {n for n, e in zip(names, equal) if e}
+    return {n: old[n] if n in same else b for n, b in new.items()}
+
+
+def unpack_bits_together(bits: Mapping[str, Tensor], order: list[str]) -> tuple[Tensor, dict[str, int]]:
+    """The packed masks ``bits[n]`` for ``n`` in ``order`` unpacked at once (concatenated; each part is
+    byte-padded): the flat bits and where each mask starts in them."""
+    packed = [bits[n] for n in order]
+    flat = unpack_bits(torch.cat(packed), 8 * sum(p.numel() for p in packed))
+    return flat, dict(zip(order, np.cumsum([0] + [8 * p.numel() for p in packed]).tolist()))
 
 
 _INTS = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
@@ -154,6 +175,68 @@ def record_weights(state: Mapping[str, Any], record: Mapping[str, Any]) -> dict[
             scatter_(dense, ~mask, signed_zeros(signs, values.dtype))
         out[n] = dense.reshape(shapes[n])
     return out
+
+
+def check_compact_state(saved: Mapping[str, Any], layout: StoreLayout) -> None:
+    """Refuse a compact store's saved state (``format == "compact"``) that cannot load into a store of
+    ``layout`` with one :class:`~lightning_dfl.federation.store.saved_state.SavedStateError`: a missing part,
+    names (in order), shapes or node count that differ, a damaged record (mask bits, active values and zero signs
+    of the wrong size or dtype, an active count that is not an int), slots or fields that do not fit. Nothing is
+    loaded; the values themselves are checked elsewhere."""
+    lacking = [k for k in ("names", "masked_names", "shapes", "records", "current_bits", "slot", "fields")
+               if k not in saved]
+    if lacking:
+        raise SavedStateError(f"its compact store has no {lacking}")
+    names, masked = list(layout.shapes), layout.masked_names
+    for key, mine in (("names", names), ("masked_names", masked)):
+        if not isinstance(saved[key], list) or saved[key] != mine:
+            theirs = saved[key] if isinstance(saved[key], list) else []
+            named(dict.fromkeys(theirs), f"its compact store's {key}", mine)  # names the difference
+            raise SavedStateError(f"its compact store's {key} are {shown_list(saved[key])}, this run's "
+                                  f"{shown_list(mine)} (in this order)")
+    shapes = named(saved["shapes"], "its compact store's shapes", names)
+    for n in names:
+        if not isinstance(shapes[n], (list, tuple)) or tuple(shapes[n]) != layout.shapes[n]:
+            raise SavedStateError(f"its compact store's parameter {n!r} has shape {shapes[n]!r}, this run's model "
+                                  f"{layout.shapes[n]}")
+    numels = {n: math.prod(s) for n, s in layout.shapes.items()}
+    for key in ("records", "current_bits"):
+        if not isinstance(saved[key], list):
+            raise SavedStateError(f"its compact store's {key} is a {type(saved[key]).__name__}, expected a list")
+        if len(saved[key]) != layout.num_nodes:
+            raise SavedStateError(f"its compact store holds {key} of {len(saved[key])} nodes, this run has "
+                                  f"{layout.num_nodes} (clients plus servers)")
+
+    def bits_of(value: Any, what: str) -> dict[str, Tensor]:
+        bits = named(value, what, masked)
+        for n in masked:
+            tensor_of(bits[n], f"{what} {n!r}", (math.ceil(numels[n] / 8),), (torch.uint8,))
+        return bits
+
+    for node, record in enumerate(saved["records"]):
+        where = f"its record of node {node}"
+        if not isinstance(record, dict) or any(k not in record for k in ("values", "bits", "neg", "active")):
+            shown = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise SavedStateError(f"{where} is {shown}, expected a dict of 'values', 'bits', 'neg' and 'active'")
+        bits = bits_of(record["bits"], f"{where}: mask bits")
+        values = named(record["values"], f"{where}: values", names)
+        neg = record["neg"]
+        if not isinstance(neg, dict) or not set(neg) <= set(masked):
+            raise SavedStateError(f"{where}: zero signs are {neg!r:.80}, expected a dict by masked parameter")
+        for n in names:
+            value = tensor_of(values[n], f"{where}: values of {n!r}", None, (layout.dtypes[n],))
+            full = n not in bits or value.numel() == numels[n]  # kept whole, or the active entries only
+            count = numels[n] if full else int(unpack_bits(bits[n], numels[n]).sum())
+            tensor_of(value, f"{where}: values of {n!r}", (count,), (layout.dtypes[n],))
+            if n in neg:
+                tensor_of(neg[n], f"{where}: zero signs of {n!r}", (math.ceil((numels[n] - count) / 8),),
+                          (torch.uint8,))
+        if type(record["active"]) is not int or record["active"] < 0:
+            raise SavedStateError(f"{where}: active count {record['active']!r}, expected an int >= 0")
+    for node, bits in enumerate(saved["current_bits"]):
+        bits_of(bits, f"its current mask bits of node {node}")
+    check_slots(saved["slot"], layout.num_nodes)
+    check_fields(saved, layout)
 
 
 def checkpoint_weights(store_state: Mapping[str, Any], node: int) -> dict[str, Tensor]:

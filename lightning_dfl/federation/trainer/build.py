@@ -19,13 +19,15 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
 
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.algorithms.context import RunSpec
 from lightning_dfl.federation.loop import step_graphs
 from lightning_dfl.federation.loop.batched import BatchedExecutor
+from lightning_dfl.federation.loop.callback_hooks import HookDispatch
 from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.loop.planner import RoundPlanner
 from lightning_dfl.federation.loop.sharded import ShardedExecutor
-from lightning_dfl.federation.loop.state import FederationState, HookDispatch, RoundProgress, RunSpec
+from lightning_dfl.federation.loop.state import FederationState, RoundProgress
 from lightning_dfl.federation.loop.step_graphs import StepGraphs, check_graphable
 from lightning_dfl.federation.loop.worker import Worker
 from lightning_dfl.federation.store.factory import build_store, state_fields
@@ -40,11 +42,11 @@ from lightning_dfl.federation.trainer.kernel_settings import (
 from lightning_dfl.federation.trainer.settings import RunSettings
 from lightning_dfl.module import SparseClassifier
 
-__all__ = ["Federation", "build_federation", "executor_for"]
+__all__ = ["BuiltFederation", "build_federation", "executor_for"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Federation:
+class BuiltFederation:
     """What :func:`build_federation` returns: the pieces the round loop runs."""
 
     fabric: Fabric
@@ -55,7 +57,7 @@ class Federation:
 
 def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any], clock: Clock,
                      model: SparseClassifier, datamodule: FederatedDataModule, owner: Any, history: list[dict[str, float]],
-                     executor_factory: Callable[[FederationState], SerialExecutor] | None = None) -> Federation:
+                     executor_factory: Callable[[FederationState], SerialExecutor] | None = None) -> BuiltFederation:
     """Set a run up (module docstring). ``owner`` is what the callbacks' hooks receive as the trainer, ``history``
     the list the rounds' metrics are appended to (a checkpoint restores it); ``executor_factory``
     (``state -> executor``) replaces the executor the settings ask for."""
@@ -119,7 +121,7 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
                             progress=RoundProgress(history=history))
     executor = executor_factory(state) if executor_factory is not None else executor_type.create(state, settings)
     algorithm.init_state(store, num_clients)
-    return Federation(fabric, state, planner, executor)
+    return BuiltFederation(fabric, state, planner, executor)
 
 
 def _step_graphs(settings: RunSettings, algorithm: Any, callbacks: list[Any], model: SparseClassifier,

@@ -24,9 +24,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_dfl.federation.exchange.messages import PUBLISH_BOUND
 from lightning_dfl.federation.loop.state import FederationState
 from lightning_dfl.federation.store.factory import load_store_state
+from lightning_dfl.federation.store.saved_state import StoreLayout
 from lightning_dfl.federation.trainer.checkpoint_file import (
     CheckpointError,
-    StoreLayout,
     check_file,
     check_parts,
     check_store_layout,

@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import os
 import pickle
 import re
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lightning_dfl.federation.store.records import FORMAT as COMPACT_FORMAT
-from lightning_dfl.federation.store.records import unpack_bits
+from lightning_dfl.federation.store.saved_state import SavedStateError, StoreLayout
 from lightning_dfl.host_memory import available_bytes, format_bytes
 
 FORMAT = "lightning-dfl/federation"
@@ -356,33 +353,10 @@ def _fsync_folder(folder: Path) -> None:
 #: the federation checkpoint's parts and their containers (``next_round``'s value is checked on load)
 _PARTS: dict[str, type | None] = {"next_round": None, "identity": dict, "store": dict, "algorithm": dict,
                                   "clock": dict, "history": list, "callbacks": dict}
-_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 class _Unfit(Exception):
-    """What is wrong with a saved state's structure (internal: :func:`check_structure` names the file)."""
-
-
-@dataclass(frozen=True)
-class StoreLayout:
-    """What a saved store must hold to load into a live store of either backend: the nodes, each
-    parameter's shape and dtype (in the model's order), the masked names, and each field's parts as saved
-    (shape with the node dimensions, dtype)."""
-
-    num_nodes: int
-    shapes: dict[str, tuple[int, ...]]
-    dtypes: dict[str, torch.dtype]
-    masked_names: list[str]
-    fields: dict[str, dict[str, tuple[tuple[int, ...], torch.dtype]]]
-
-    @classmethod
-    def of(cls, store: Any) -> StoreLayout:
-        """The layout of a live dense or compact store."""
-        shapes = getattr(store, "shapes", None) or {n: tuple(t.shape[2:]) for n, t in store.weights.items()}
-        dtypes = getattr(store, "dtypes", None) or {n: t.dtype for n, t in store.weights.items()}
-        return cls(store.num_nodes, {n: tuple(shapes[n]) for n in store.names}, {n: dtypes[n] for n in store.names},
-                   list(store.masked_names), {name: {p: (tuple(t.shape), t.dtype) for p, t in parts.items()}
-                                              for name, parts in store.fields.items()})
+    """What is wrong with a saved state's parts (internal: :func:`check_parts` names the file)."""
 
 
 def check_parts(state: Mapping[str, Any], path: str | os.PathLike,
@@ -399,19 +373,22 @@ def check_parts(state: Mapping[str, Any], path: str | os.PathLike,
 
 def check_store_layout(saved: Mapping[str, Any], layout: StoreLayout, path: str | os.PathLike) -> None:
     """Refuse a saved store (the checkpoint's ``"store"``) that cannot load into a store of ``layout``:
-    parameter or field names, shapes, dtypes, node count or format that differ, a damaged compact record.
-    Either backend's format is accepted by either store. The values themselves are checked elsewhere.
+    parameter or field names, shapes, dtypes, node count or format that differ, a damaged compact record (each
+    store checks its own format: :func:`~lightning_dfl.federation.store.factory.check_store_state`). Either
+    backend's format is accepted by either store. The values themselves are checked elsewhere.
 
     Raises:
         CheckpointError: one line naming the file and what is wrong.
     """
-    _refuse_unfit(_check_store, path, saved, layout)
+    from lightning_dfl.federation.store.factory import check_store_state  # it imports Lightning: read_state does not
+
+    _refuse_unfit(check_store_state, path, saved, layout)
 
 
 def _refuse_unfit(check: Any, path: str | os.PathLike, *args: Any) -> None:
     try:
         check(*args)
-    except _Unfit as err:
+    except (_Unfit, SavedStateError) as err:
         raise CheckpointError(f"the checkpoint {str(path)!r} is damaged or does not fit this run: {err}; it is not "
                               "loaded (resume from another checkpoint, or start afresh)") from None
 
@@ -437,133 +414,3 @@ def _check_parts(state: Mapping[str, Any], live: dict[str, Mapping[str, Any]]) -
     for key, value in state["clock"].items():
         if type(value) not in (int, float):
             raise _Unfit(f"its clock's {key!r} is {value!r}, expected a number")
-
-
-def _check_store(saved: Mapping[str, Any], layout: StoreLayout) -> None:
-    kind = saved.get("format")
-    if kind == COMPACT_FORMAT:
-        _check_compact(saved, layout)
-    elif kind is not None:
-        raise _Unfit(f"its store has format {kind!r}; a store is the dense layout (no format) or 'compact'")
-    else:
-        keys = ("weights", "published_masks", "masks", "slot", "active", "fields")
-        lacking = [k for k in keys if k not in saved]
-        if lacking:
-            raise _Unfit(f"its store has no {lacking} (it holds {sorted(map(str, saved))}): neither a dense store "
-                         "nor a compact one (format 'compact')")
-        _check_dense(saved, layout)
-    if "fields" not in saved:
-        raise _Unfit("its store has no 'fields'")
-    fields = _named(saved["fields"], "its store's state fields", list(layout.fields))
-    for name, parts in layout.fields.items():
-        theirs = _named(fields[name], f"its field {name!r}", list(parts))
-        for part, (shape, dtype) in parts.items():
-            _tensor(theirs[part], f"its field {name!r}" + (f" (parameter {part!r})" if part else ""), shape, (dtype,))
-
-
-def _check_dense(saved: Mapping[str, Any], layout: StoreLayout) -> None:
-    n_nodes = layout.num_nodes
-    for key, names, lead, dtype in (("weights", list(layout.shapes), (2, n_nodes), None),
-                                    ("published_masks", layout.masked_names, (2, n_nodes), torch.bool),
-                                    ("masks", layout.masked_names, (n_nodes,), torch.bool)):
-        theirs = _named(saved[key], f"its store's {key}", names)
-        for n in names:
-            nodes = getattr(theirs[n], "shape", ())[len(lead) - 1:len(lead)]
-            if nodes and nodes[0] != n_nodes:
-                raise _Unfit(f"its store's {key} {n!r} hold {nodes[0]} nodes, this run has {n_nodes} (clients plus "
-                             "servers)")
-            _tensor(theirs[n], f"its store's {key} {n!r}", (*lead, *layout.shapes[n]), (dtype or layout.dtypes[n],))
-    _slots(saved["slot"], n_nodes)
-    _tensor(saved["active"], "its store's active counts", (2, n_nodes), _INT_DTYPES)
-
-
-def _check_compact(saved: Mapping[str, Any], layout: StoreLayout) -> None:
-    lacking = [k for k in ("names", "masked_names", "shapes", "records", "current_bits", "slot", "fields")
-               if k not in saved]
-    if lacking:
-        raise _Unfit(f"its compact store has no {lacking}")
-    names, masked = list(layout.shapes), layout.masked_names
-    for key, mine in (("names", names), ("masked_names", masked)):
-        if not isinstance(saved[key], list) or saved[key] != mine:
-            theirs = saved[key] if isinstance(saved[key], list) else []
-            _named(dict.fromkeys(theirs), f"its compact store's {key}", mine)  # names the difference
-            raise _Unfit(f"its compact store's {key} are {_shown_list(saved[key])}, this run's "
-                         f"{_shown_list(mine)} (in this order)")
-    shapes = _named(saved["shapes"], "its compact store's shapes", names)
-    for n in names:
-        if not isinstance(shapes[n], (list, tuple)) or tuple(shapes[n]) != layout.shapes[n]:
-            raise _Unfit(f"its compact store's parameter {n!r} has shape {shapes[n]!r}, this run's model "
-                         f"{layout.shapes[n]}")
-    numels = {n: math.prod(s) for n, s in layout.shapes.items()}
-    for key in ("records", "current_bits"):
-        if not isinstance(saved[key], list):
-            raise _Unfit(f"its compact store's {key} is a {type(saved[key]).__name__}, expected a list")
-        if len(saved[key]) != layout.num_nodes:
-            raise _Unfit(f"its compact store holds {key} of {len(saved[key])} nodes, this run has "
-                         f"{layout.num_nodes} (clients plus servers)")
-
-    def bits_of(value: Any, what: str) -> dict[str, torch.Tensor]:
-        bits = _named(value, what, masked)
-        for n in masked:
-            _tensor(bits[n], f"{what} {n!r}", (math.ceil(numels[n] / 8),), (torch.uint8,))
-        return bits
-
-    for node, record in enumerate(saved["records"]):
-        where = f"its record of node {node}"
-        if not isinstance(record, dict) or any(k not in record for k in ("values", "bits", "neg", "active")):
-            shown = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise _Unfit(f"{where} is {shown}, expected a dict of 'values', 'bits', 'neg' and 'active'")
-        bits = bits_of(record["bits"], f"{where}: mask bits")
-        values = _named(record["values"], f"{where}: values", names)
-        neg = record["neg"]
-        if not isinstance(neg, dict) or not set(neg) <= set(masked):
-            raise _Unfit(f"{where}: zero signs are {neg!r:.80}, expected a dict by masked parameter")
-        for n in names:
-            value = _tensor(values[n], f"{where}: values of {n!r}", None, (layout.dtypes[n],))
-            full = n not in bits or value.numel() == numels[n]  # kept whole, or the active entries only
-            count = numels[n] if full else int(unpack_bits(bits[n], numels[n]).sum())
-            _tensor(value, f"{where}: values of {n!r}", (count,), (layout.dtypes[n],))
-            if n in neg:
-                _tensor(neg[n], f"{where}: zero signs of {n!r}", (math.ceil((numels[n] - count) / 8),), (torch.uint8,))
-        if type(record["active"]) is not int or record["active"] < 0:
-            raise _Unfit(f"{where}: active count {record['active']!r}, expected an int >= 0")
-    for node, bits in enumerate(saved["current_bits"]):
-        bits_of(bits, f"its current mask bits of node {node}")
-    _slots(saved["slot"], layout.num_nodes)
-
-
-def _slots(slot: Any, num_nodes: int) -> None:
-    _tensor(slot, "its store's slots", (num_nodes,), _INT_DTYPES)
-    if not bool(((slot == 0) | (slot == 1)).all()):
-        raise _Unfit(f"its store's slots hold {sorted(set(slot.tolist()))}, expected 0 or 1")
-
-
-def _named(value: Any, what: str, names: list[str]) -> dict[str, Any]:
-    """``value`` as a dict by exactly ``names``; else one line naming what it lacks and what it has more."""
-    if not isinstance(value, dict):
-        raise _Unfit(f"{what} are a {type(value).__name__}, expected a dict by name")
-    lacking, extra = [n for n in names if n not in value], [n for n in value if n not in names]
-    if lacking or extra:
-        parts = ([f"lack {_shown_list(lacking)}"] if lacking else []) + (
-            [f"hold unknown {_shown_list(extra)}"] if extra else [])
-        raise _Unfit(f"{what} {' and '.join(parts)} (this run's model has {_shown_list(names)})")
-    return value
-
-
-def _tensor(value: Any, what: str, shape: tuple[int, ...] | None, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
-    """``value`` if it is a tensor of ``shape`` (any if None) and one of ``dtypes``; else one line naming both."""
-    if not isinstance(value, torch.Tensor):
-        raise _Unfit(f"{what} is a {type(value).__name__}, expected a tensor")
-    if shape is not None and tuple(value.shape) != tuple(shape):
-        raise _Unfit(f"{what} has shape {tuple(value.shape)}, this run's store {tuple(shape)}")
-    if value.dtype not in dtypes:
-        allowed = dtypes[0] if len(dtypes) == 1 else "an integer dtype"
-        raise _Unfit(f"{what} has dtype {value.dtype}, this run's store {allowed}")
-    return value
-
-
-def _shown_list(names: Any) -> str:
-    """A list of names, cut after 6."""
-    if not isinstance(names, (list, tuple)):
-        return repr(names)
-    return repr(list(names[:6]))[:-1] + (f", ... {len(names) - 6} more]" if len(names) > 6 else "]")

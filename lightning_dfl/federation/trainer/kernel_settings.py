@@ -3,7 +3,7 @@ cuDNN's algorithm search.
 
 Memory format: convolutions and pooling are faster with channels-last (NHWC) tensors on today's CPUs
 (oneDNN's blocked kernels; measured on a 2-core AVX-512 CPU: a ``cnn_cifar`` training step 1.2x and a
-512-image evaluation 1.9x faster, README "Performance") and on GPUs with tensor cores. ``"auto"`` chooses
+512-image evaluation 1.9x faster, docs/performance.md) and on GPUs with tensor cores. ``"auto"`` chooses
 channels-last for a model with 2-D convolutions, on every device, and leaves models without them alone.
 It changes float rounding (other kernels), never the mathematics; ``"contiguous"`` keeps PyTorch's
 default NCHW layout.

@@ -17,10 +17,10 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 
 from lightning_dfl.allocator import tune_allocator
-from lightning_dfl.callbacks.base import merge_callbacks
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import mark_in_round, writing
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
+from lightning_dfl.federation.loop.callback_hooks import merge_callbacks
 from lightning_dfl.federation.loop.clock import Clock, build_clock
 from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.loop.rounds import run_exchanges
@@ -165,7 +165,6 @@ class FederatedTrainer(TrainerView):
         #: ``state -> executor``; ``None``: the serial one (or the sharded / batched one the settings ask for)
         self.executor_factory: Callable[[FederationState], SerialExecutor] | None = None
         self._datamodule: FederatedDataModule | None = None
-        self._extra_metrics: dict[str, float] = {}
         self._fitted = False  # a trainer runs one fit, see :meth:`fit`
 
     def _call(self, hook: str, *args: Any) -> None:
@@ -282,7 +281,7 @@ class FederatedTrainer(TrainerView):
         """Plan and run one round (its exchanges); log and return its metrics."""
         wall = time.perf_counter()
         self.federation.progress.round_idx = round_idx
-        self._extra_metrics = {}
+        self.federation.progress.logged.clear()  # what callbacks log this round (``log_metrics``)
         evaluate = self.settings.evaluates(round_idx)
         outcome = run_exchanges(round_idx, evaluate, self.planner, self.executor, self.store, self.clock, self.diag,
                                 lambda: self._call("on_federated_round_start"))
@@ -291,12 +290,12 @@ class FederatedTrainer(TrainerView):
         self.reporter.warn_partial(round_idx, metrics, self.num_clients, evaluate)
         if evaluate:
             metrics.update(self.federation.consensus_metrics())
-        self._extra_metrics.update(self.algorithm.evaluate_round(self.federation.evaluation_context(round_idx, evaluate)))
+        evaluated = self.algorithm.evaluate_round(self.federation.evaluation_context(round_idx, evaluate))
         self._call("on_federated_round_end")
         metrics.update(outcome.spread())
         if self.diag is not None:
             metrics.update(self.diag.end_round(round_idx, self.store))
-        metrics.update(self._extra_metrics)
+        metrics.update({**evaluated, **self.federation.progress.logged})
         metrics.update(self.algorithm.round_metrics(metrics))
         self.reporter.update_best(metrics, self.history, self.algorithm.headline)
         metrics["time/wall_round_s"] = time.perf_counter() - wall

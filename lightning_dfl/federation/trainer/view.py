@@ -27,7 +27,7 @@ __all__ = ["TrainerView"]
 
 class TrainerView:
     """The read side of :class:`~lightning_dfl.federation.trainer.trainer.FederatedTrainer` (module docstring); the
-    trainer sets ``settings``, ``federation``, ``fabric``, ``logger`` and ``_datamodule``, ``_extra_metrics``."""
+    trainer sets ``settings``, ``federation``, ``fabric``, ``logger`` and ``_datamodule``."""
 
     settings: RunSettings
     #: the engine's record of the federation (:class:`~lightning_dfl.federation.loop.state.FederationState`)
@@ -37,7 +37,6 @@ class TrainerView:
     _datamodule: FederatedDataModule | None
     _fitted: bool
     summary: Any
-    _extra_metrics: dict[str, float]
 
     def __getattr__(self, name: str) -> Any:
         """The settings by name (``trainer.rounds``, ``trainer.seed``, ...), read from :attr:`settings`."""
@@ -59,8 +58,9 @@ class TrainerView:
 
     @property
     def train_dataloader(self) -> CountingBatches | None:
-        """The running task's training batches."""
-        return self.federation.progress.train_dataloader if self.federation is not None else None
+        """The running task's training batches (its context's), ``None`` between tasks."""
+        task = self.federation.progress.task if self.federation is not None else None
+        return task.train_batches if task is not None else None
 
     @property
     def state(self) -> TrainerState:
@@ -101,8 +101,14 @@ class TrainerView:
         return self.federation.store if self.federation is not None else None
 
     @property
-    def worker(self) -> dict[str, Any] | None:
-        """The worker module's floating parameters and buffers by the store's names."""
+    def worker(self) -> Any:
+        """The worker (:class:`~lightning_dfl.federation.loop.worker.Worker`: the one module every task trains on,
+        its optimizer, Fabric and tensors), ``None`` before ``fit``."""
+        return self.federation.worker if self.federation is not None else None
+
+    @property
+    def worker_tensors(self) -> dict[str, Any] | None:
+        """The worker module's floating parameters and buffers by the store's names (views of the module)."""
         return self.federation.worker.tensors if self.federation is not None else None
 
     @property
@@ -128,8 +134,10 @@ class TrainerView:
         return [self.logger] if self.logger else []
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
-        """Add metrics to the current round's row (callbacks use this)."""
-        self._extra_metrics.update(metrics)
+        """Add metrics to the current round's row (callbacks use this, while ``fit`` runs)."""
+        if self.federation is None:
+            raise RuntimeError(f"log_metrics({sorted(metrics)}) before fit: a round's row exists only while fit runs")
+        self.federation.progress.logged.update(metrics)
 
     def client_state(self, client: int) -> ClientFields | TaskFields:
         """A client's declared fields, read and written by name (callbacks keep their per-client

@@ -1,7 +1,7 @@
 """``lightning-dfl fit``: LightningCLI with the federated trainer, imported only when ``fit`` runs.
 
-Kept apart from :mod:`lightning_dfl.cli` so that ``lightning-dfl --help``, ``--version`` and the analysis
-subcommands start without importing torch and Lightning.
+Kept apart from the rest of :mod:`lightning_dfl.cli` so that ``lightning-dfl --help``, ``--version`` and the
+analysis subcommands start without importing torch and Lightning.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 from jsonargparse import _optionals as jsonargparse_optionals
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightning_dfl.cli import PROG, HelpFormatter
+from lightning_dfl.cli.help import PROG, HelpFormatter
 from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.federation.algorithms import ALGORITHMS  # noqa: F401  (imports every algorithm: see below)
 from lightning_dfl.federation.trainer.checkpoint_file import check_file
 from lightning_dfl.federation.trainer.trainer import FederatedTrainer
 from lightning_dfl.module import SparseClassifier
@@ -66,6 +67,11 @@ def _project_docstrings() -> Iterator[None]:
         yield
     finally:
         jsonargparse_optionals.parse_docstring = _jsonargparse_parse_docstring
+
+
+# ALGORITHMS is imported above for its side effect: the registry imports every algorithm's module, and jsonargparse
+# finds a short class name (--trainer.algorithm=FedFomo) only among the subclasses already imported (the package
+# lightning_dfl.federation.algorithms imports its classes on first use)
 
 
 class FederatedArgumentParser(LightningArgumentParser):
