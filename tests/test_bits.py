@@ -53,18 +53,19 @@ def test_shapes_strides_and_dtypes_are_flattened():
 
 
 def test_the_compact_stores_records_are_little_endian_on_every_path():
-    """records.pack_bits packs with numpy on a CPU and with sparse.bits on an accelerator (taken here on the CPU):
-    the same bytes, each mask alone or several at once."""
+    """The records' bits (``records.BIT_ORDER``) are packed with numpy on a CPU and with torch operations on an
+    accelerator (taken here on the CPU): the same bytes, each mask alone or several at once."""
     generator = torch.Generator().manual_seed(2)
     masks = {f"m{count}": torch.rand(count, generator=generator) < 0.3 for count in (1, 8, 13, 64, 1001)}
     eights = {n: m for n, m in masks.items() if m.numel() % 8 == 0}  # packed together on an accelerator
     for bits in masks.values():
-        packed = records.pack_bits(bits)
-        assert torch.equal(packed, pack_bits(bits, bitorder="little"))
-        assert torch.equal(records.unpack_bits(packed, bits.numel()), bits)
+        packed = pack_bits(bits, records.BIT_ORDER)
+        assert records.BIT_ORDER == "little"
+        assert torch.equal(packed, torch.from_numpy(np.packbits(bits.numpy(), bitorder="little")))
+        assert torch.equal(unpack_bits(packed, bits.numel(), records.BIT_ORDER), bits)
         with device_paths_on_cpu():
-            assert torch.equal(records.pack_bits(bits), packed)
-            assert torch.equal(records.unpack_bits(packed, bits.numel()), bits)
+            assert torch.equal(pack_bits(bits, records.BIT_ORDER), packed)
+            assert torch.equal(unpack_bits(packed, bits.numel(), records.BIT_ORDER), bits)
     on_cpu = records.pack_bits_all(eights)
     with device_paths_on_cpu():
         together = records.pack_bits_all(eights)

@@ -27,15 +27,10 @@ from lightning_dfl.federation.metrics.spread import (
 from lightning_dfl.federation.store import CompactClientStore, DenseClientStore, StateField
 from lightning_dfl.federation.store.factory import STORE_KINDS, check_store_kind, load_store_state
 from lightning_dfl.federation.store.memory import check_store_fits, compact_store_bytes, dense_store_bytes
-from lightning_dfl.federation.store.records import (
-    checkpoint_weights,
-    pack_bits,
-    pack_bits_all,
-    unpack_bits,
-)
+from lightning_dfl.federation.store.records import BIT_ORDER, checkpoint_weights, pack_bits_all
 from lightning_dfl.federation.trainer.checkpoint_file import read_state
 from lightning_dfl.module import SparseClassifier
-from lightning_dfl.sparse import bits as bit_packing
+from lightning_dfl.sparse.bits import pack_bits, unpack_bits
 
 warnings.filterwarnings("ignore", message=".*deviate from their training label proportions.*")
 
@@ -110,13 +105,14 @@ def test_bits_round_trip_and_pack_like_numpy():
     gen = torch.Generator().manual_seed(0)
     for n in (1, 7, 8, 9, 64, 1001):
         b = torch.rand(n, generator=gen) < 0.3
-        packed = pack_bits(b)
+        packed = pack_bits(b, BIT_ORDER)
         assert packed.dtype == torch.uint8 and packed.numel() == (n + 7) // 8
-        assert torch.equal(unpack_bits(packed, n), b)
+        assert torch.equal(unpack_bits(packed, n, BIT_ORDER), b)
         expected = sum(int(b[i]) << (i % 8) for i in range(min(n, 8)))
         assert int(packed[0]) == expected  # little-endian within a byte
-        assert torch.equal(bit_packing.pack_bits(b, bitorder="little"), packed)  # the path of a store on a GPU
-        assert torch.equal(bit_packing.unpack_bits(packed, n, bitorder="little"), b)
+        with device_paths_on_cpu():  # the path of a store on a GPU
+            assert torch.equal(pack_bits(b, BIT_ORDER), packed)
+            assert torch.equal(unpack_bits(packed, n, BIT_ORDER), b)
 
 
 @pytest.mark.parametrize("device_paths", [False, True], ids=["cpu-paths", "accelerator-paths"])
@@ -728,4 +724,4 @@ def test_the_accelerators_records_of_all_layers_at_once_equal_the_hosts():
         assert (device_bits[n] is device["bits"][n]) == (n != "a")
     with device_paths_on_cpu():
         parts = pack_bits_all({n: masks[n] for n in masked})
-    assert list(parts) == masked and all(torch.equal(parts[n], pack_bits(masks[n])) for n in masked)
+    assert list(parts) == masked and all(torch.equal(parts[n], pack_bits(masks[n], BIT_ORDER)) for n in masked)

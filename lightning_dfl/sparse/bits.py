@@ -1,4 +1,4 @@
-"""Bool tensors packed 8 entries a byte, in either bit order, with torch operations on the tensor's device.
+"""Bool tensors packed 8 entries a byte, in either bit order: numpy on a CPU, torch operations on an accelerator.
 
 ``bitorder="big"`` puts a byte's first entry in its highest bit (``numpy.packbits``' default), ``"little"`` in
 its lowest (``numpy.packbits(..., bitorder="little")``); the last byte is padded with zeros. Each saved format
@@ -8,8 +8,11 @@ keeps its order: the voting callback's initial masks are big-endian, the compact
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from lightning_dfl.deferred import host_reads_are_cheap
 
 __all__ = ["BIT_ORDERS", "pack_bits", "unpack_bits"]
 
@@ -32,6 +35,8 @@ def pack_bits(bits: Tensor, bitorder: str = "big") -> Tensor:
     flat = bits.reshape(-1)
     flat = flat.contiguous() if flat.dtype == torch.bool else flat.bool()
     shifts = _shifts(bitorder, flat.device)
+    if host_reads_are_cheap(flat.device):  # numpy is faster on a CPU; the same bytes
+        return torch.from_numpy(np.packbits(flat.numpy(), bitorder=bitorder))
     pad = (-flat.numel()) % 8
     b = flat.view(torch.uint8)
     if pad:
@@ -44,4 +49,6 @@ def unpack_bits(packed: Tensor, count: int, bitorder: str = "big") -> Tensor:
     flat bool tensor on ``packed``'s device (a new tensor); ``numpy.unpackbits(packed, count=count,
     bitorder=bitorder)``."""
     shifts = _shifts(bitorder, packed.device)
+    if host_reads_are_cheap(packed.device):
+        return torch.from_numpy(np.unpackbits(packed.reshape(-1).numpy(), count=count, bitorder=bitorder)).view(torch.bool)
     return ((packed.reshape(-1, 1) >> shifts) & 1).reshape(-1)[:count].view(torch.bool)

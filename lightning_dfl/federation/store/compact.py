@@ -52,21 +52,21 @@ from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.federation.store.fields import StateField
 from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.federation.store.records import (
+    BIT_ORDER,
     FORMAT,
     INT_VIEWS,
     bit_range,
     check_compact_state,
-    pack_bits,
     pack_bits_all,
     scatter_,
     select,
     select_all,
     share_equal_parts,
     signed_zeros,
-    unpack_bits,
     unpack_bits_together,
 )
 from lightning_dfl.federation.store.saved_state import StoreLayout
+from lightning_dfl.sparse.bits import pack_bits, unpack_bits
 from lightning_dfl.sparse.masks import Masks, sums_by_part, zero_inactive_all_
 from lightning_dfl.transfers import copy_all_
 
@@ -108,7 +108,7 @@ class CompactClientStore(ClientStore):
         # before initialize(): zero weights, all-true masks and no active values, as the dense store
         blank = {"values": {n: torch.zeros(self.numels[n], dtype=self.dtypes[n], device=self.device)
                             for n in self.names},
-                 "bits": {n: pack_bits(torch.ones(self.numels[n], dtype=torch.bool, device=self.device))
+                 "bits": {n: pack_bits(torch.ones(self.numels[n], dtype=torch.bool, device=self.device), BIT_ORDER)
                           for n in self.masked_names},
                  "neg": {}, "active": 0}
         # start of round (shared: immutable; None once freed after its last reader in the round)
@@ -177,7 +177,7 @@ class CompactClientStore(ClientStore):
             values[n] = select(w, m, count)
             sign = off.signbit()
             if bool(sign.any()):
-                neg[n] = pack_bits(sign)
+                neg[n] = pack_bits(sign, BIT_ORDER)
         self._churn += sum(3 * t.numel() * t.element_size() for t in weights.values())
         if self._churn > TRIM_EVERY_BYTES and self.device.type == "cpu":
             self._churn = 0
@@ -208,11 +208,11 @@ class CompactClientStore(ClientStore):
         if values.numel() == numel:
             return values.view(self.shapes[name])
         if mask is None:
-            mask = unpack_bits(record["bits"][name], numel)
+            mask = unpack_bits(record["bits"][name], numel, BIT_ORDER)
         out = scatter_(torch.zeros(numel, dtype=values.dtype, device=values.device), mask, values)
         neg = record["neg"].get(name)
         if neg is not None:
-            scatter_(out, ~mask, signed_zeros(unpack_bits(neg, numel - values.numel()), values.dtype))
+            scatter_(out, ~mask, signed_zeros(unpack_bits(neg, numel - values.numel(), BIT_ORDER), values.dtype))
         return out.view(self.shapes[name])
 
     def _expand(self, record: Mapping[str, Any]) -> tuple[dict[str, Tensor], Masks]:
@@ -244,7 +244,7 @@ class CompactClientStore(ClientStore):
                     weights[n] = dense[offsets[n] - lo:offsets[n] - lo + self.numels[n]].view(self.shapes[n])
         for n in self.masked_names:
             if n not in masks:
-                masks[n] = unpack_bits(record["bits"][n], self.numels[n])
+                masks[n] = unpack_bits(record["bits"][n], self.numels[n], BIT_ORDER)
         for n in self.names:
             if n not in weights:
                 weights[n] = self._dense(record, n, masks.get(n))
@@ -421,7 +421,7 @@ class CompactClientStore(ClientStore):
         at once)."""
         bits = self.current_bits[node]
         if host_reads_are_cheap(self.device) or not self.masked_names:
-            return {n: unpack_bits(bits[n], self.numels[n]).view(self.shapes[n]) for n in self.masked_names}
+            return {n: unpack_bits(bits[n], self.numels[n], BIT_ORDER).view(self.shapes[n]) for n in self.masked_names}
         flat, offsets = unpack_bits_together(bits, self.masked_names)
         return {n: flat[offsets[n]:offsets[n] + self.numels[n]].view(self.shapes[n]) for n in self.masked_names}
 

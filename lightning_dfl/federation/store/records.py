@@ -1,7 +1,7 @@
 """A node's compact record, the format check of a saved compact store, and its conversions.
 
 A record holds a node's published model as the active values of each masked parameter, its mask as
-packed bits (:func:`pack_bits`: 8 entries per byte, little-endian within a byte), the signs of its
+packed bits (:func:`~lightning_dfl.sparse.bits.pack_bits`: 8 entries per byte, :data:`BIT_ORDER` little-endian), the signs of its
 inactive zeros where some are ``-0.0``, and its other parameters dense. The compact store
 (:mod:`~lightning_dfl.federation.store.compact`) keeps its nodes this way; a saved compact store
 is checked before it loads (:func:`check_compact_state`), expands into the dense store's layout
@@ -29,48 +29,31 @@ from lightning_dfl.federation.store.saved_state import (
     shown_list,
     tensor_of,
 )
-from lightning_dfl.sparse import bits as bit_packing
+from lightning_dfl.sparse.bits import pack_bits, unpack_bits
 from lightning_dfl.sparse.masks import sums_by_part
 
 __all__ = ["FORMAT", "INT_VIEWS", "bit_range", "check_compact_state", "checkpoint_weights", "dense_state_dict",
-           "pack_bits", "pack_bits_all", "record_weights", "scatter_", "select", "select_all", "share_equal_parts",
-           "signed_zeros", "unpack_bits", "unpack_bits_together"]
+           "BIT_ORDER", "pack_bits_all", "record_weights", "scatter_", "select", "select_all", "share_equal_parts",
+           "signed_zeros", "unpack_bits_together"]
 
 #: ``state_dict()["format"]`` of a compact store
 FORMAT = "compact"
-
-
-def pack_bits(bits: Tensor) -> Tensor:
-    """A bool tensor as ``ceil(numel / 8)`` uint8, flattened, little-endian within a byte (numpy's
-    ``packbits(..., bitorder="little")``); on the tensor's device (numpy on a CPU, where it is faster; else
-    :func:`lightning_dfl.sparse.bits.pack_bits`)."""
-    flat = bits.reshape(-1)
-    if flat.dtype != torch.bool:
-        flat = flat.bool()
-    if host_reads_are_cheap(flat.device):
-        return torch.from_numpy(np.packbits(flat.contiguous().numpy(), bitorder="little"))
-    return bit_packing.pack_bits(flat, bitorder="little")
+#: the records' bit order within a byte (:mod:`lightning_dfl.sparse.bits`): a byte's first entry in its lowest bit
+BIT_ORDER = "little"
 
 
 def pack_bits_all(masks: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """:func:`pack_bits` of each mask, by name. On an accelerator, when every one holds a multiple of 8 entries
+    """Each mask's packed bits (:data:`BIT_ORDER`), by name. On an accelerator, when every one holds a multiple of 8 entries
     (their bytes then do not straddle two masks), their concatenation is packed at once and each mask's bytes
     copied out: a few kernels and one copy each, where each packing takes several."""
     parts = list(masks.values())
     device = parts[0].device if parts else None
     if device is None or host_reads_are_cheap(device) or len(parts) < 2 \
             or any(m.numel() % 8 or m.device != device for m in parts):
-        return {n: pack_bits(m) for n, m in masks.items()}
-    packed = bit_packing.pack_bits(torch.cat([m.reshape(-1) if m.dtype == torch.bool else m.reshape(-1).bool()
-                                              for m in parts]), bitorder="little")
+        return {n: pack_bits(m, BIT_ORDER) for n, m in masks.items()}
+    packed = pack_bits(torch.cat([m.reshape(-1) if m.dtype == torch.bool else m.reshape(-1).bool()
+                                              for m in parts]), BIT_ORDER)
     return {n: part.clone() for n, part in zip(masks, packed.split([m.numel() // 8 for m in parts]))}
-
-
-def unpack_bits(packed: Tensor, count: int) -> Tensor:
-    """The first ``count`` bits of :func:`pack_bits`'s output as a flat bool tensor (a new tensor)."""
-    if host_reads_are_cheap(packed.device):
-        return torch.from_numpy(np.unpackbits(packed.numpy(), count=count, bitorder="little")).view(torch.bool)
-    return bit_packing.unpack_bits(packed, count, bitorder="little")
 
 
 def share_equal_parts(old: Mapping[str, Tensor], new: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -92,7 +75,7 @@ def unpack_bits_together(bits: Mapping[str, Tensor], order: list[str]) -> tuple[
     """The packed masks ``bits[n]`` for ``n`` in ``order`` unpacked at once (concatenated; each part is
     byte-padded): the flat bits and where each mask starts in them."""
     packed = [bits[n] for n in order]
-    flat = unpack_bits(torch.cat(packed), 8 * sum(p.numel() for p in packed))
+    flat = unpack_bits(torch.cat(packed), 8 * sum(p.numel() for p in packed), BIT_ORDER)
     return flat, dict(zip(order, np.cumsum([0] + [8 * p.numel() for p in packed]).tolist()))
 
 
@@ -152,9 +135,9 @@ def signed_zeros(negative: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def bit_range(packed: Tensor, start: int, stop: int) -> Tensor:
-    """Bits ``[start, stop)`` of a :func:`pack_bits` output, as a flat bool tensor."""
+    """Bits ``[start, stop)`` of a record's packed bits, as a flat bool tensor."""
     first = start // 8
-    bits = unpack_bits(packed[first:(stop + 7) // 8].contiguous(), stop - first * 8)
+    bits = unpack_bits(packed[first:(stop + 7) // 8].contiguous(), stop - first * 8, BIT_ORDER)
     return bits[start - first * 8:]
 
 
@@ -167,11 +150,11 @@ def record_weights(state: Mapping[str, Any], record: Mapping[str, Any]) -> dict[
         if values.numel() == numel:
             out[n] = values.reshape(shapes[n])
             continue
-        mask = unpack_bits(record["bits"][n].cpu(), numel).to(values.device)
+        mask = unpack_bits(record["bits"][n].cpu(), numel, BIT_ORDER).to(values.device)
         dense = scatter_(torch.zeros(numel, dtype=values.dtype, device=values.device), mask, values)
         neg = record["neg"].get(n)
         if neg is not None:
-            signs = unpack_bits(neg.cpu(), numel - values.numel()).to(values.device)
+            signs = unpack_bits(neg.cpu(), numel - values.numel(), BIT_ORDER).to(values.device)
             scatter_(dense, ~mask, signed_zeros(signs, values.dtype))
         out[n] = dense.reshape(shapes[n])
     return out
@@ -226,7 +209,7 @@ def check_compact_state(saved: Mapping[str, Any], layout: StoreLayout) -> None:
         for n in names:
             value = tensor_of(values[n], f"{where}: values of {n!r}", None, (layout.dtypes[n],))
             full = n not in bits or value.numel() == numels[n]  # kept whole, or the active entries only
-            count = numels[n] if full else int(unpack_bits(bits[n], numels[n]).sum())
+            count = numels[n] if full else int(unpack_bits(bits[n], numels[n], BIT_ORDER).sum())
             tensor_of(value, f"{where}: values of {n!r}", (count,), (layout.dtypes[n],))
             if n in neg:
                 tensor_of(neg[n], f"{where}: zero signs of {n!r}", (math.ceil((numels[n] - count) / 8),),
@@ -268,8 +251,8 @@ def dense_state_dict(state: Mapping[str, Any], store: Any) -> dict[str, Any]:
             weights[n][s, k].copy_(t)
         for n in masked:
             numel = math.prod(shapes[n])
-            published[n][s, k].copy_(unpack_bits(record["bits"][n].cpu(), numel).view(shapes[n]))
-            masks[n][k].copy_(unpack_bits(state["current_bits"][k][n].cpu(), numel).view(shapes[n]))
+            published[n][s, k].copy_(unpack_bits(record["bits"][n].cpu(), numel, BIT_ORDER).view(shapes[n]))
+            masks[n][k].copy_(unpack_bits(state["current_bits"][k][n].cpu(), numel, BIT_ORDER).view(shapes[n]))
         active[s, k] = int(record["active"])
     return {"weights": weights, "published_masks": published, "masks": masks, "slot": slot, "active": active,
             "fields": state.get("fields", {})}
