@@ -112,7 +112,7 @@ def initialize_nodes(store: ClientStore, module: SparseClassifier, template: dic
     """Initialize every node with its own ERK mask (seeded as the trainer seeds them); their densities."""
     densities = []
     for node in range(clients):
-        mask = module.initial_masks(torch.Generator().manual_seed(derive_seed(seed, "mask", node)))
+        mask = module.draw_initial_masks(torch.Generator().manual_seed(derive_seed(seed, "mask", node)))
         store.initialize(node, template, mask)
         densities.append(density(mask))
     return densities

@@ -172,7 +172,7 @@ class SparseClassifier(LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self._check_mask_exclude()
         generator = torch.Generator().manual_seed(hp.seed)
-        masks = self.initial_masks(generator)
+        masks = self.draw_initial_masks(generator)
         empty = [name for name, m in masks.items() if not bool(m.any())]
         if empty:
             raise ValueError(f"density={hp.density:g} leaves {len(empty)} masked layer(s) of {hp.arch} with no active "
@@ -246,7 +246,7 @@ class SparseClassifier(LightningModule):
         return maskable_parameters(self.model, exclude=(lambda name: any(p in name for p in patterns))
                                    if patterns else None)
 
-    def initial_masks(self, generator: torch.Generator, density: float | None = None) -> Masks:
+    def draw_initial_masks(self, generator: torch.Generator, density: float | None = None) -> Masks:
         """A fresh random mask at ``density`` (default: the module's) with its distribution.
 
         Names are those of :attr:`mask` (relative to :attr:`model`).

@@ -68,12 +68,6 @@ def test_mean_std_of_nothing_is_nan():
     assert math.isnan(mean) and math.isnan(std)
 
 
-def test_accounting_reexports_the_shared_helper():
-    from lightning_dfl.federation.metrics import accounting
-
-    assert accounting.mean_std is mean_std
-
-
 def test_check_positive_names_the_value():
     assert check_positive("alpha", 2) == 2.0 and isinstance(check_positive("alpha", 2), float)
     for bad in (0, -1.5, float("nan"), float("inf"), True, "1"):

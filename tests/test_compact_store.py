@@ -381,7 +381,7 @@ def _erk_store(kind, nodes, arch="cnn_cifar", density=0.5):
     template = {n: t for n, t in module.model.state_dict().items() if t.is_floating_point()}
     store = (CompactClientStore if kind == "compact" else DenseClientStore)(template, list(module.mask.masks), nodes)
     for node in range(nodes):
-        store.initialize(node, template, module.initial_masks(torch.Generator().manual_seed(node)))
+        store.initialize(node, template, module.draw_initial_masks(torch.Generator().manual_seed(node)))
     dense_fp32 = nodes * sum(t.numel() * 4 for t in template.values())
     return store, module, template, dense_fp32
 

@@ -66,7 +66,7 @@ def test_global_mask_changes_only_on_readjustment_rounds(run):
     trainer, record = run
     readjusting = [r for r in range(5) if trainer.algorithm.drop_fraction(r, 5) > 0]
     assert readjusting == [1, 3]
-    initial = trainer.module.initial_masks(torch.Generator().manual_seed(0))  # the shared mask's layer sizes
+    initial = trainer.module.draw_initial_masks(torch.Generator().manual_seed(0))  # the shared mask's layer sizes
     previous = None
     for r, mask in enumerate(record.server):
         if previous is not None:

@@ -39,7 +39,6 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext, TopologyAlgorithm, parallel_plan
-from lightning_dfl.federation.exchange.messages import GSGD_NOISES as NOISES  # noqa: F401 (re-exported)
 from lightning_dfl.federation.exchange.messages import (  # noqa: F401 (gsgd, its codec: BEER's default C, re-exported)
     Codec,
     GSGDCodec,

@@ -165,7 +165,7 @@ class FedDST(FedAvg):
     def budgets(self, module: Any) -> dict[str, int]:
         """Each masked layer's ERK budget: its active count in a mask at the module's density and distribution."""
         if self._budgets is None:
-            masks = module.initial_masks(torch.Generator().manual_seed(0))
+            masks = module.draw_initial_masks(torch.Generator().manual_seed(0))
             self._budgets = {n: int(m.sum()) for n, m in masks.items()}
         return self._budgets
 

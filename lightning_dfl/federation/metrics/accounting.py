@@ -17,7 +17,7 @@ from typing import Protocol
 from torch import Tensor
 
 from lightning_dfl.deferred import read_values
-from lightning_dfl.stats import mean_std  # re-exported: the engine imports it from here
+from lightning_dfl.stats import mean_std
 
 #: the record's fields a task may leave as 0-dim device tensors until the round reads them
 _DEFERRED_FIELDS = ("loss", "acc_aggregated", "acc_trained", "density", "flops", "search_samples", "contained")

@@ -87,7 +87,7 @@ def node_initial_masks(model: Any, personal: bool, seed: int, num_clients: int, 
     def draw(node: int) -> Masks:
         if node >= num_clients:
             return shared
-        return model.initial_masks(torch.Generator().manual_seed(derive_seed(seed, "mask", node)))
+        return model.draw_initial_masks(torch.Generator().manual_seed(derive_seed(seed, "mask", node)))
 
     workers = max(1, min(MASK_THREADS, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:
