@@ -105,7 +105,7 @@ def test_disjoint_holders_keep_their_values_then_the_server_reprunes_by_magnitud
     # the server step: average, re-prune to the ERK budget (3), zero the rest, store the new global mask
     store = DenseClientStore({"w": torch.zeros(2, 3), "b": torch.zeros(2)}, ["w"], num_nodes=3)
     budget_mask = torch.tensor([[1, 1, 1], [0, 0, 0]], dtype=torch.bool)  # 3 active: the layer's ERK budget
-    module = SimpleNamespace(initial_masks=lambda generator: {"w": budget_mask})
+    module = SimpleNamespace(draw_initial_masks=lambda generator: {"w": budget_mask})
     ctx = SimpleNamespace(node=2, store=store, module=module,
                           task=Task(2, sources=(Source(0, fresh=True), Source(1, fresh=True)), coefficients=(1.0, 3.0),
                                     train=False))

@@ -130,11 +130,13 @@ class Algorithm:
                 and flag not in vars(cls)]
         if lost:
             changed = sorted(_behaviour_changes(vars(cls)))
+            them = "them" if len(lost) > 1 else "it"
             warnings.warn(FlagsLostWarning(
                 f"{cls.__qualname__} changes {', '.join(changed)} of {parent.__qualname__}, so it does not inherit "
                 f"{' and '.join(f'{flag} = True' for flag in lost)}: the engine cannot know the new code keeps "
-                f"what they promise. If it does, declare them in {cls.__qualname__}'s body "
-                f"({'; '.join(f'{flag} = True' for flag in lost)}); to silence this, set them to False"), stacklevel=2)
+                f"what {them} promise{'' if len(lost) > 1 else 's'}. If it does, declare {them} in "
+                f"{cls.__qualname__}'s body ({'; '.join(f'{flag} = True' for flag in lost)}); to silence this, set "
+                f"{them} to False"), stacklevel=2)
 
     @classmethod
     def overrides(cls, hook: str) -> bool:
