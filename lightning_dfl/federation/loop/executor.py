@@ -2,8 +2,9 @@
 
 A task loads its node's state into the worker, receives its sources' messages, aggregates (or,
 for a server, takes its server step), trains, lets the callbacks prune and search masks, and
-publishes. The serial executor is the reference; sharded (processes) and batched (vmap) executors
-will walk the same :meth:`RoundPlan.levels`.
+publishes. The serial executor is the reference; the sharded (:mod:`~lightning_dfl.federation.loop.sharded`:
+processes) and batched (:mod:`~lightning_dfl.federation.loop.batched`: ``torch.func``) executors walk the same
+:meth:`RoundPlan.levels` and derive from it.
 """
 
 from __future__ import annotations
