@@ -123,6 +123,7 @@ CASES = [
     ("accelerator_absent", ["--trainer.accelerator=mps"], ["MPS"]),
     ("accelerator_tpu", ["--trainer.accelerator=tpu"], ["accelerator='tpu'", "auto, cpu, gpu, cuda, mps"]),
     ("seed_negative", ["--trainer.seed=-1"], ["seed", "-1", "[0, 4294967295]"]),
+    ("cpu_threads_beyond_the_cpus", ["--trainer.cpu_threads=100000"], ["cpu_threads", "100000", "CPUs this process"]),
     # unknown names
     ("unknown_dataset", ["--data.dataset=imagenet42"], ["imagenet42", "digits", "cifar10"]),
     ("unknown_arch", ["--model.arch=resnet1000"], ["resnet1000", "cnn_digits"]),

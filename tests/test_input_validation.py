@@ -52,6 +52,20 @@ def test_a_seed_must_be_an_integer_numpy_accepts():
             FederatedTrainer(seed=bad, logger=False)
 
 
+def test_cpu_threads_are_bounded_by_the_cpus_the_process_may_use():
+    """More intra-op threads than the process's CPUs only wait for each other; 100000 crashed OpenMP's runtime."""
+    import os
+
+    from lightning_dfl.federation import FederatedTrainer
+
+    usable = len(os.sched_getaffinity(0))
+    assert FederatedTrainer(cpu_threads=usable, logger=False).settings.cpu_threads == usable
+    for bad in (0, usable + 1, 100_000):
+        with pytest.raises(ValueError, match=rf"cpu_threads \(at most the {usable} CPUs this process may use\) must "
+                                             rf"be an integer in \[1, {usable}\], got {bad}"):
+            FederatedTrainer(cpu_threads=bad, logger=False)
+
+
 def test_a_second_fit_on_one_trainer_is_refused(tmp_path):
     from lightning_dfl.datamodules import FederatedDataModule
     from lightning_dfl.federation import FederatedTrainer

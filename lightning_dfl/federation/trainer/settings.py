@@ -60,6 +60,14 @@ def check_accelerator(accelerator: object) -> None:
                          f"(allowed: {allowed}, where the machine has it)") from None  # the message holds the cause
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, as ``os.sched_getaffinity``; ``os.cpu_count`` where the
+    platform has none): more intra-op threads than that only wait for each other, and a huge count crashes
+    OpenMP's runtime (``cpu_threads=100000`` segfaulted in libgomp)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """A run's settings (the trainer's arguments of the same names; see its docstring), checked and normalised
@@ -119,7 +127,8 @@ class RunSettings:
         check_store_kind(self.store)
         check_int("checkpoint_every (0: never)", self.checkpoint_every, 0)
         if self.cpu_threads is not None:
-            check_int("cpu_threads", self.cpu_threads, 1)
+            check_int(f"cpu_threads (at most the {usable_cpus()} CPUs this process may use)", self.cpu_threads, 1,
+                      usable_cpus())
         dropout, deadline = check_faults(self.dropout, self.deadline)
         normalise("dropout", dropout)
         normalise("deadline", deadline)

@@ -76,8 +76,9 @@ class FederatedTrainer(TrainerView):
         enable_progress_bar: show a progress bar over rounds and a summary at the end.
         checkpoint_every: save the federation's state every this many rounds (and after the last)
             to ``<run folder>/checkpoints/last.ckpt``; 0 never. ``fit(..., ckpt_path=...)`` resumes from it.
-        cpu_threads: if set, ``torch.set_num_threads(cpu_threads)`` before training. Small models
-            train several times faster on one thread than on many (intra-op overhead).
+        cpu_threads: if set, ``torch.set_num_threads(cpu_threads)`` before training, from 1 to the CPUs the
+            process may use. Small models train several times faster on one thread than on many (intra-op
+            overhead).
         dropout: each round each client is inactive with this probability (DisPFL App. B.6): it
             neither trains nor sends, and its neighbours aggregate what they received; in ``[0, 1)``.
         deadline: simulated time per round after which tasks are dropped (stragglers: a client whose
