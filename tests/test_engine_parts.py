@@ -82,10 +82,11 @@ def test_the_settings_choose_the_executor_class_and_each_class_checks_what_it_ru
     assert executor_for(RunSettings(accelerator="cpu", devices=2, strategy="ddp")) is ShardedExecutor
     SerialExecutor.check_run(DisPFL(), [])
     ShardedExecutor.check_run(DisPFL(), [])
-    with pytest.raises(ValueError, match="cannot shard its clients"):
-        from lightning_dfl.federation.algorithms import FedFomo
+    with pytest.raises(ValueError, match="OptedOut cannot shard its clients"):
+        class OptedOut(DisPFL):
+            shardable = False
 
-        ShardedExecutor.check_run(FedFomo(), [])
+        ShardedExecutor.check_run(OptedOut(), [])
     module = SparseClassifier(arch="cnn_digits", density=0.5)
     module.build_for(FederatedDataModule(num_clients=3))
     optimizer = torch.optim.Adam(module.parameters())

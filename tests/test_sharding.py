@@ -11,7 +11,7 @@ import torch
 from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting
 from lightning_dfl.callbacks.base import FederatedCallback
 from lightning_dfl.federation import FederatedTrainer
-from lightning_dfl.federation.algorithms import DPSGDFT, DisPFL, FedFomo
+from lightning_dfl.federation.algorithms import DisPFL, FedFomo
 from lightning_dfl.federation.loop.sharded import check_shardable
 from lightning_dfl.federation.trainer.checkpoint_file import read_state
 
@@ -31,6 +31,42 @@ RUNS = {
     "prisam": ("prisam_digits.yaml", ["--trainer.rounds", "3", "--trainer.local_steps", "2", "--trainer.local_epochs", "null", "--data.num_groups", "3",
                                       "--trainer.algorithm.init_args.num_groups", "3",
                                       "--trainer.algorithm.init_args.warmup_rounds", "1"]),
+    "dpsgd": ("dpsgd_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.num_neighbors", "2"]),
+    "local": ("local_digits.yaml", ["--trainer.rounds", "2"]),
+    "beer": ("beer_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.num_neighbors", "2"]),
+    "dfedavgm": ("dfedavgm_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.num_neighbors", "2"]),
+    # Q = 2 gossip steps: two exchanges per round, each one's published models read by the next
+    "dfedsam": ("dfedsam_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.num_neighbors", "2",
+                                        "--trainer.algorithm.init_args.gossip_steps", "2"]),
+    "ditto": ("ditto_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.clients_per_round", "4",
+                                    "--trainer.algorithm.init_args.global_epochs", "1",
+                                    "--trainer.algorithm.init_args.personal_epochs", "1"]),
+    # readjustments in rounds 1 and 2 (the clients' regrowth FLOPs and the server's changed mask travel)
+    "feddst": ("feddst_digits.yaml", ["--trainer.rounds", "3", "--trainer.algorithm.init_args.clients_per_round", "4",
+                                      "--trainer.algorithm.init_args.readjust_every", "1"]),
+    "fedfomo": ("fedfomo_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.num_neighbors", "2"]),
+    "fedavg_ft": ("fedavg_ft_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.clients_per_round",
+                                            "4"]),
+    "dpsgd_ft": ("dpsgd_ft_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.num_neighbors", "2"]),
+    "gossipfl": ("gossipfl_digits.yaml", ["--trainer.rounds", "2"]),
+    # two warm-up rounds (each client's gradient statistics travel to the warm server's process), then W* solved
+    "psfl": ("psfl_digits.yaml", ["--trainer.rounds", "3", "--trainer.algorithm.init_args.clients_per_round", "4",
+                                  "--trainer.algorithm.init_args.warmup_rounds", "2", "--trainer.local_epochs", "null",
+                                  "--trainer.local_steps", "3"]),
+    # W = 2 chains of S = 2 clients: each chain's second client reads the first's fresh model from the other process
+    "psfl_chains": ("psfl_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.clients_per_round",
+                                         "4", "--trainer.algorithm.init_args.sequences", "2",
+                                         "--trainer.local_epochs", "null", "--trainer.local_steps", "3"]),
+    # every client's mask change is tried (dist_thresh 0) and kept (acc_thresh 0): accepted prunings travel
+    "subfedavg": ("subfedavg_digits.yaml", ["--trainer.rounds", "2", "--trainer.algorithm.init_args.clients_per_round",
+                                            "4", "--trainer.algorithm.init_args.acc_thresh", "0.0",
+                                            "--trainer.algorithm.init_args.dist_thresh", "0.0",
+                                            "--trainer.local_epochs", "2"]),
+}
+#: per run, a metric that shows the run exercised what must travel between processes: (column, round, > value)
+EXERCISED = {
+    "feddst": ("flops/readjust", 0, 0.0), "fedfomo": ("flops/validation", 0, 0.0),
+    "subfedavg": ("subfedavg/pruned_clients", 0, 0.0), "psfl": ("psfl/B", 2, 0.0), "psfl_chains": ("psfl/S", 0, 1.0),
 }
 
 
@@ -77,19 +113,33 @@ def test_two_processes_reproduce_one_bit_for_bit(tmp_path, name):
         assert _differences(a[part], b[part], part) == []
     if (one / "diagnostics" / "bytes.csv").is_file():  # who sent what to whom, gathered from both processes
         assert (one / "diagnostics" / "bytes.csv").read_text() == (two / "diagnostics" / "bytes.csv").read_text()
-    if name == "dadpfl":  # the run exercised what must travel between processes
-        rows = _rows(one / "metrics.csv")
+    rows = _rows(one / "metrics.csv")  # the run exercised what must travel between processes
+    if name == "dadpfl":
         assert any(float(r["pqi/pruned_clients"] or 0) > 0 for r in rows)
         assert rows[-1]["voting/t_star"] != ""
+    if name in EXERCISED:
+        column, round_idx, floor = EXERCISED[name]
+        assert float(rows[round_idx][column]) > floor, (column, rows[round_idx][column])
+
+
+def test_every_registered_algorithm_runs_sharded_and_is_tested_here():
+    from lightning_dfl.federation import ALGORITHMS
+
+    for name in ALGORITHMS.names():
+        check_shardable(ALGORITHMS.get(name)(), [])
+    assert set(ALGORITHMS.names()) <= set(RUNS)
 
 
 # -- what is refused ----------------------------------------------------------------------------------
 def test_an_algorithm_that_has_not_opted_in_is_refused_with_the_ones_that_have():
-    with pytest.raises(ValueError, match="FedFomo cannot shard its clients across processes yet; use devices=1, "
-                                         "or one of: dadpfl, dispfl, dpsgd, fedavg, local, prisam"):
-        check_shardable(FedFomo(), [])
-    with pytest.raises(ValueError, match="DPSGDFT cannot shard"):  # a subclass opts in itself
-        check_shardable(DPSGDFT(), [])
+    class Unsharded(FedFomo):  # opted out
+        shardable = False
+
+    with pytest.raises(ValueError, match="Unsharded cannot shard its clients across processes yet; use devices=1, "
+                                         "or one of: beer, dadpfl, dfedavgm, dfedsam, dispfl, ditto, dpsgd, dpsgd_ft, "
+                                         "fedavg, fedavg_ft, feddst, fedfomo, gossipfl, local, prisam, psfl, "
+                                         "subfedavg$"):
+        check_shardable(Unsharded(), [])
 
 
 # -- the class flags: inherited by a plain subclass, re-declared by one that changes behaviour --------------
@@ -187,3 +237,59 @@ def test_pqi_deltas_replay_in_task_order():
     pqi.shard_apply(delta)
     assert pqi.history == ["event of task 0", "event of task 1"]
     assert pqi._round_sparsity == [(0, 0.4), (1, 0.5)] and pqi._round_events == 2 and pqi._round_pruned == 7
+
+
+# -- an algorithm's task state: a round's tally, PSFL's warm-up sums --------------------------------------
+def _shard_level(obj, tasks, world_size=2):
+    """What the sharded executor does with ``obj`` over one level of ``tasks`` (callables run as tasks), on each
+    of ``world_size`` processes (fresh copies of ``obj``); returns those copies."""
+    import copy
+
+    processes = [copy.deepcopy(obj) for _ in range(world_size)]
+    deltas = {}
+    for rank, proc in enumerate(processes):
+        before = proc.shard_snapshot()
+        for position, task in enumerate(tasks):
+            if position % world_size == rank:
+                mark = proc.shard_snapshot()
+                task(proc)
+                deltas[position] = proc.shard_delta(mark)
+        proc.shard_rollback(before)
+    for proc in processes:
+        for position in range(len(tasks)):
+            proc.shard_apply(deltas[position])
+    return processes
+
+
+def test_a_round_tally_replayed_across_processes_sums_in_task_order_bit_for_bit():
+    from lightning_dfl.federation.algorithms.tally import RoundTally
+
+    amounts = [0.1, 0.2, 0.3]
+    serial = RoundTally(flops=0.0, tasks=0)
+    for a in amounts:
+        serial.add(flops=a, tasks=1)
+    assert serial["flops"] == 0.6000000000000001  # ((0.1 + 0.2) + 0.3): another order gives 0.6
+    for proc in _shard_level(RoundTally(flops=0.0, tasks=0), [lambda t, a=a: t.add(flops=a, tasks=1) for a in amounts]):
+        assert proc.totals == serial.totals
+        assert proc.take() == {"flops": 0.6000000000000001, "tasks": 3} and proc.totals == {"flops": 0.0, "tasks": 0}
+    with pytest.raises(KeyError, match="unknown sum\\(s\\) flop; this tally keeps: flops, tasks"):
+        serial.add(flop=1.0)
+
+
+def test_psfl_warmup_sums_replayed_across_processes_equal_one_process():
+    from lightning_dfl.federation.algorithms import PSFL
+
+    gradients = [{"w": torch.tensor([0.1, 1e8]), "b": torch.tensor([0.3])},
+                 {"w": torch.tensor([0.2, -1e8]), "b": torch.tensor([0.7])},
+                 {"w": torch.tensor([0.3, 1.0]), "b": torch.tensor([-0.1])}]
+    tasks = [lambda p, k=k, g=g: p._add_gradient(0, k, 0.5 * k, 0.1 * k, float(k), g) for k, g in enumerate(gradients)]
+    serial = PSFL(clients_per_round=3)
+    for task in tasks:
+        task(serial)
+    for proc in _shard_level(PSFL(clients_per_round=3), tasks, world_size=2):
+        assert all(torch.equal(proc._grad_sum[n], serial._grad_sum[n]) for n in ("w", "b"))
+        assert proc._grad_norms == serial._grad_norms and list(proc._grad_norms) == [0, 1, 2]  # task order
+        assert proc._sigma2 == serial._sigma2 and proc._sigma2_minibatch == serial._sigma2_minibatch
+    # the warm server's step (a task too) empties the sums and keeps B on every process
+    (proc,) = _shard_level(serial, [lambda p: p._end_warm_step(2.5)], world_size=1)
+    assert proc._b == [2.5] and proc._grad_sum is None and proc._grad_norms == {}

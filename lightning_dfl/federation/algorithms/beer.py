@@ -101,6 +101,7 @@ class BEER(TopologyAlgorithm):
     """
 
     name = "beer"
+    shardable = True
     title = "BEER"
     reads_only_sources = True
 

@@ -69,6 +69,7 @@ class DFedAvgM(TopologyAlgorithm):
     """
 
     name = "dfedavgm"
+    shardable = True
     reads_only_sources = True
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", momentum: float = 0.9,

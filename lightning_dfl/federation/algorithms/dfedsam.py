@@ -89,6 +89,7 @@ class DFedSAM(DFedAvgM):
     """
 
     name = "dfedsam"
+    shardable = True
     reads_only_sources = True
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", momentum: float = 0.9,

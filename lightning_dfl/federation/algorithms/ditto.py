@@ -60,7 +60,7 @@ class Ditto(FedAvg):
 
     name = "ditto"
     #: FedAvg's flags do not hold unchecked for its own hooks (not yet shardable; may read other models)
-    shardable = False
+    shardable = True
     reads_only_sources = False
     headline = "personal"
 

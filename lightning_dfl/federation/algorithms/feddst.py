@@ -26,6 +26,7 @@ from torch import Tensor
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
+from lightning_dfl.federation.algorithms.tally import RoundTally, TalliedTasks
 from lightning_dfl.federation.exchange.aggregation import masked_average
 from lightning_dfl.federation.exchange.messages import Message, gather_messages, masked_codec
 from lightning_dfl.federation.exchange.plan import RoundPlan, Source
@@ -65,7 +66,7 @@ def reprune(weights: dict[str, Tensor], union: Masks, budgets: dict[str, int]) -
     return out
 
 
-class FedDST(FedAvg):
+class FedDST(TalliedTasks, FedAvg):
     """FedDST on the engine's star: FedAvg's sampling and plan with a global sparse mask.
 
     Args:
@@ -83,7 +84,7 @@ class FedDST(FedAvg):
 
     name = "feddst"
     #: FedAvg's flags do not hold unchecked for its own hooks (not yet shardable; may read other models)
-    shardable = False
+    shardable = True
     reads_only_sources = False
 
     def __init__(self, clients_per_round: int = 10, readjustment_ratio: float = 0.5, readjust_every: int = 10,
@@ -98,9 +99,7 @@ class FedDST(FedAvg):
             raise ValueError(f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
         self.schedule = schedule
         self._budgets: dict[str, int] | None = None
-        self._extra_flops = 0.0
-        self._tasks = 0
-        self._mask_changed = False
+        self.tally = RoundTally(flops=0.0, tasks=0, mask_changes=0)
         self._fraction = 0.0
 
     # -- the schedule ---------------------------------------------------------------------------
@@ -147,7 +146,7 @@ class FedDST(FedAvg):
     def local_train(self, ctx: TaskContext) -> float:
         """Local epochs, then on readjustment rounds the client's drop-and-regrow (``Client.train``)."""
         loss = super().local_train(ctx)
-        self._tasks += 1
+        self.tally.add(tasks=1)
         batch = ctx.scratch.pop("feddst/last_batch", None)
         fraction = self.drop_fraction(ctx.round_idx, ctx.num_rounds)
         if fraction > 0 and batch is not None and math.isfinite(loss):
@@ -158,7 +157,7 @@ class FedDST(FedAvg):
             mask.load_(rigl_masks(weights, mask.masks, fraction, scores=scores), apply=True)
             flops = 3 * module.flops_profile.dense_forward_flops() * int(batch[1].shape[0])
             ctx.report["feddst/readjust_flops"] = flops
-            self._extra_flops += flops
+            self.tally.add(flops=flops)
         return loss
 
     # -- the server ---------------------------------------------------------------------------------
@@ -174,16 +173,15 @@ class FedDST(FedAvg):
         new_mask = reprune(weights, union, self.budgets(ctx.module))
         for name, m in new_mask.items():
             weights[name].mul_(m.to(weights[name].dtype))
-        self._mask_changed = _differ(new_mask, ctx.store.mask(ctx.node))
+        self.tally.add(mask_changes=int(_differ(new_mask, ctx.store.mask(ctx.node))))
         ctx.store.set_mask(ctx.node, new_mask)  # published with the model (the executor reads it after this)
         return weights
 
     def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        extra, tasks = self._extra_flops, self._tasks
-        self._extra_flops, self._tasks = 0.0, 0
+        tally = self.tally.take()
+        extra, tasks = tally["flops"], tally["tasks"]
         out = {"feddst/readjust": float(self._fraction > 0), "feddst/drop_fraction": self._fraction,
-               "feddst/mask_changed": float(self._mask_changed), "flops/readjust": extra}
-        self._mask_changed = False
+               "feddst/mask_changed": float(tally["mask_changes"] > 0), "flops/readjust": extra}
         if extra:
             out["flops/train_total"] = metrics.get("flops/train_total", 0.0) + extra
             out["flops/train_per_client"] = metrics.get("flops/train_per_client", 0.0) + extra / max(tasks, 1)

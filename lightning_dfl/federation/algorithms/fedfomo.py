@@ -31,6 +31,7 @@ from torch import Tensor
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext
 from lightning_dfl.federation.algorithms.context import CountingBatches
+from lightning_dfl.federation.algorithms.tally import RoundTally, TalliedTasks
 from lightning_dfl.federation.exchange.messages import Message
 from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 from lightning_dfl.federation.store import StateField
@@ -99,7 +100,7 @@ class _Shuffled:
             yield self.x[idx], self.y[idx]
 
 
-class FedFomo(Algorithm):
+class FedFomo(TalliedTasks, Algorithm):
     """FedFomo, decentralized: epsilon-greedy neighbours from an affinity row, validation-loss weights.
 
     Args:
@@ -121,6 +122,7 @@ class FedFomo(Algorithm):
     """
 
     name = "fedfomo"
+    shardable = True
 
     def __init__(self, num_neighbors: int = 10, epsilon: float = 0.3, epsilon_decay: float = 0.05,
                  val_fraction: float = 0.2, affinity_update: str = "raw") -> None:
@@ -137,7 +139,7 @@ class FedFomo(Algorithm):
         self.val_fraction = float(val_fraction)
         self.affinity_update = affinity_update
         self._num_clients = 0
-        self._extra_flops, self._tasks, self._positive, self._received = 0.0, 0, 0, 0
+        self.tally = RoundTally(flops=0.0, tasks=0, positive=0, received=0)
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -231,10 +233,8 @@ class FedFomo(Algorithm):
         for m, w in zip(messages, weights):
             affinity[m.sender] += w / max(scale, 1e-9)
         ctx.write(AFFINITY, affinity)  # staged: committed with the task's update
-        self._extra_flops += (len(messages) + 1) * sum(len(b[1]) for b in val) * ctx.module.forward_flops()
-        self._tasks += 1
-        self._positive += sum(w > 0 for w in weights)
-        self._received += len(weights)
+        self.tally.add(flops=(len(messages) + 1) * sum(len(b[1]) for b in val) * ctx.module.forward_flops(), tasks=1,
+                       positive=sum(w > 0 for w in weights), received=len(weights))
         ctx.report["fedfomo/positive"] = float(sum(w > 0 for w in weights))
         return combined
 
@@ -245,11 +245,10 @@ class FedFomo(Algorithm):
         return loss_sum / total
 
     def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        out = {"flops/validation": self._extra_flops,
-               "fedfomo/positive": self._positive / self._received if self._received else 0.0}
-        if self._extra_flops:
-            out["flops/train_total"] = metrics.get("flops/train_total", 0.0) + self._extra_flops
-            out["flops/train_per_client"] = (metrics.get("flops/train_per_client", 0.0)
-                                             + self._extra_flops / max(self._tasks, 1))
-        self._extra_flops, self._tasks, self._positive, self._received = 0.0, 0, 0, 0
+        tally = self.tally.take()
+        flops, received = tally["flops"], tally["received"]
+        out = {"flops/validation": flops, "fedfomo/positive": tally["positive"] / received if received else 0.0}
+        if flops:
+            out["flops/train_total"] = metrics.get("flops/train_total", 0.0) + flops
+            out["flops/train_per_client"] = metrics.get("flops/train_per_client", 0.0) + flops / max(tally["tasks"], 1)
         return out

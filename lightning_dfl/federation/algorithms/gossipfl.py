@@ -64,6 +64,7 @@ class GossipFL(Algorithm):
     """
 
     name = "gossipfl"
+    shardable = True
     title = "GossipFL"
     reads_only_sources = True
     #: SAPS_FL's defaults: compress_ratio 0.01 and one SGD step per gossip (``trainer.local_steps: 1``)
@@ -128,3 +129,17 @@ class GossipFL(Algorithm):
 
     def consensus_sources(self, num_clients: int) -> list[Source]:
         return [Source(k) for k in range(num_clients)]
+
+    # -- sharded federations (lightning_dfl.federation.loop.sharded): the cadence a task saw reaches every process
+    def shard_snapshot(self) -> tuple[int, int | None] | None:
+        return self._cadence
+
+    def shard_delta(self, snapshot: tuple[int, int | None] | None) -> tuple[int, int | None] | None:
+        return self._cadence
+
+    def shard_rollback(self, snapshot: tuple[int, int | None] | None) -> None:
+        self._cadence = snapshot
+
+    def shard_apply(self, delta: tuple[int, int | None] | None) -> None:
+        if delta is not None:
+            self._cadence = delta

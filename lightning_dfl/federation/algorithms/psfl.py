@@ -60,6 +60,7 @@ class PSFL(Algorithm):
     """
 
     name = "psfl"
+    shardable = True
     title = "PSFL"
     reads_only_sources = True
     num_servers = 2
@@ -112,6 +113,9 @@ class PSFL(Algorithm):
         self._w_star: dict[str, float] = {}
         self._round_metrics: dict[str, float] = {}
         self._grad_sum: dict[str, Tensor] | None = None
+        # what this round's tasks did, in order (the sharding protocol replays it on every process); cleared per round
+        self._task_events: list[tuple[Any, ...]] = []
+        self._last_gradient: dict[str, Tensor] | None = None  # the last warm-up task's full gradient
         self._warmup_time = 0.0
         self._time_to_target: float | None = None
         self._pending: tuple[list[int], tuple[float, ...] | None, bool] | None = None
@@ -284,22 +288,26 @@ class PSFL(Algorithm):
         if not moments.count:
             return float("nan")
         full = moments.full_gradient()
-        sigma2 = moments.variance()
-        node = int(ctx.node)
-        while len(self._sigma2) <= ctx.round_idx:
-            self._sigma2.append({})
-        while len(self._sigma2_minibatch) <= ctx.round_idx:
-            self._sigma2_minibatch.append({})
-        self._sigma2_minibatch[ctx.round_idx][node] = moments.minibatch_variance()
-        if node in self._grad_norms:
-            raise RuntimeError(f"PSFL warm-up: client {node} computed its gradient twice in round {ctx.round_idx}")
-        self._sigma2[ctx.round_idx][node] = sigma2
-        if self._grad_sum is None:
-            self._grad_sum = {k: torch.zeros_like(v) for k, v in full.items()}
-        for k, v in full.items():
-            self._grad_sum[k].add_(v)
-        self._grad_norms[node] = sum(float(v.square().sum()) for v in full.values())
+        self._add_gradient(ctx.round_idx, int(ctx.node), moments.variance(), moments.minibatch_variance(),
+                           sum(float(v.square().sum()) for v in full.values()), full)
         return moments.loss_sum / moments.count
+
+    def _add_gradient(self, round_idx: int, node: int, sigma2: float, sigma2_minibatch: float, norm: float,
+                      full: dict[str, Tensor]) -> None:
+        """One warm-up client's statistics and full gradient into the round's sums (its task's one effect)."""
+        while len(self._sigma2) <= round_idx:
+            self._sigma2.append({})
+        while len(self._sigma2_minibatch) <= round_idx:
+            self._sigma2_minibatch.append({})
+        if node in self._grad_norms:
+            raise RuntimeError(f"PSFL warm-up: client {node} computed its gradient twice in round {round_idx}")
+        self._sigma2_minibatch[round_idx][node] = sigma2_minibatch
+        self._sigma2[round_idx][node] = sigma2
+        total = self._grad_sum if self._grad_sum is not None else {k: torch.zeros_like(v) for k, v in full.items()}
+        self._grad_sum = {k: total[k] + v for k, v in full.items()}  # a new sum: a snapshot keeps the old one
+        self._grad_norms[node] = norm
+        self._task_events.append(("gradient", round_idx, node, sigma2, sigma2_minibatch, norm))
+        self._last_gradient = full
 
     def server_step(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor]:
         if ctx.round_idx >= self.warmup_rounds:
@@ -308,14 +316,22 @@ class PSFL(Algorithm):
         own, _ = ctx.store.published(ctx.node)
         new = {n: t.clone() for n, t in own.items()}
         count = len(self._grad_norms)  # the clients whose gradients this round holds, by id
+        b = None
         if count:
             mean = {k: v / count for k, v in self._grad_sum.items()}
-            self._b.append(sum(self._grad_norms.values()) / count - sum(float(v.square().sum()) for v in mean.values()))
+            b = sum(self._grad_norms.values()) / count - sum(float(v.square().sum()) for v in mean.values())
             lr = ctx.module.lr_at(ctx.round_idx)
             for k, g in mean.items():
                 new[k].sub_(g.to(new[k].device, new[k].dtype), alpha=lr)  # the store may be on another device
-        self._grad_sum, self._grad_norms = None, {}
+        self._end_warm_step(b)
         return new
+
+    def _end_warm_step(self, b: float | None) -> None:
+        """The warm-up server's step done: its B_k (``None``: no gradient arrived) kept, the round's sums emptied."""
+        if b is not None:
+            self._b.append(b)
+        self._task_events.append(("step", b, self._grad_norms))
+        self._grad_sum, self._grad_norms, self._last_gradient = None, {}, None
 
     # -- reporting and checkpoints ----------------------------------------------------------
     def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -327,6 +343,7 @@ class PSFL(Algorithm):
             if warmup:
                 self._warm_times.append({int(k): 1.0 if durations is None else float(durations[k]) for k in clients})
             self._pending = None
+        self._task_events, self._last_gradient = [], None
         if metrics.get("psfl/warmup", self._round_metrics.get("psfl/warmup")):
             self._warmup_time += metrics.get("time/duration", 0.0)
         out = {**self._round_metrics, "time/warmup": self._warmup_time}
@@ -336,6 +353,45 @@ class PSFL(Algorithm):
         if self._time_to_target is not None:
             out["time/to_target"] = self._time_to_target
         return out
+
+    # -- sharded federations (lightning_dfl.federation.loop.sharded) --------------------------------
+    # A warm-up client's task adds its statistics and gradient to the round's sums; the warm server's task
+    # steps and empties them. Each process undoes its own tasks' effects and replays every task's, in task
+    # order, so the sums (floats added in the same order) are the ones one process reaches.
+    def shard_snapshot(self) -> tuple[int, dict[str, Tensor] | None]:
+        return len(self._task_events), self._grad_sum  # a sum is replaced, never changed in place
+
+    def shard_delta(self, snapshot: tuple[int, dict[str, Tensor] | None]) -> list[tuple[Any, ...]]:
+        events = self._task_events[snapshot[0]:]
+        gradients = [e for e in events if e[0] == "gradient"]
+        if len(gradients) > 1:
+            raise RuntimeError("PSFL's sharding delta covers one task; it was asked for several")
+        out = []
+        for event in events:
+            if event[0] == "gradient":  # numbers, and the gradient on the CPU, travel between processes
+                out.append((*event, {k: v.cpu() for k, v in self._last_gradient.items()}))
+            else:
+                out.append(event[:2])
+        return out
+
+    def shard_rollback(self, snapshot: tuple[int, dict[str, Tensor] | None]) -> None:
+        count, self._grad_sum = snapshot
+        for event in reversed(self._task_events[count:]):
+            if event[0] == "gradient":
+                _, round_idx, node = event[:3]
+                del self._sigma2[round_idx][node], self._sigma2_minibatch[round_idx][node], self._grad_norms[node]
+            else:
+                _, b, self._grad_norms = event
+                if b is not None:
+                    self._b.pop()
+        del self._task_events[count:]
+
+    def shard_apply(self, delta: list[tuple[Any, ...]]) -> None:
+        for event in delta:
+            if event[0] == "gradient":
+                self._add_gradient(*event[1:])
+            else:
+                self._end_warm_step(event[1])
 
     def state_dict(self) -> dict[str, Any]:
         return {"time_sum": torch.from_numpy(self._time_sum.copy()), "time_sq": torch.from_numpy(self._time_sq.copy()),

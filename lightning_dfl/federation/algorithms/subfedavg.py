@@ -24,6 +24,7 @@ from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.federation.algorithms.base import TaskContext
 from lightning_dfl.federation.algorithms.context import EvaluationContext
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
+from lightning_dfl.federation.algorithms.tally import RoundTally, TalliedTasks
 from lightning_dfl.federation.algorithms.training import train_locally
 from lightning_dfl.federation.exchange.aggregation import masked_average
 from lightning_dfl.federation.exchange.messages import Message, gather_messages, masked_codec
@@ -82,7 +83,7 @@ def holder_mean(messages: list[Message], server: dict[str, Tensor]) -> dict[str,
     return average
 
 
-class SubFedAvg(FedAvg):
+class SubFedAvg(TalliedTasks, FedAvg):
     """Sub-FedAvg (unstructured) on the engine's star: FedAvg's sampling, personal masks in the store.
 
     Args:
@@ -102,7 +103,7 @@ class SubFedAvg(FedAvg):
 
     name = "subfedavg"
     #: FedAvg's flags do not hold unchecked for its own hooks (not yet shardable; may read other models)
-    shardable = False
+    shardable = True
     reads_only_sources = False
     headline = "subnetwork"  # baselines-notes 9: w * m_i on every client's test set
 
@@ -121,9 +122,7 @@ class SubFedAvg(FedAvg):
         self.target_density = float(target_density)
         self.dist_thresh = float(dist_thresh)
         self.acc_thresh = float(acc_thresh)
-        self._pruned = 0
-        self._check_flops = 0.0
-        self._tasks = 0
+        self.tally = RoundTally(pruned=0, flops=0.0, tasks=0)
 
     def evaluate_round(self, ctx: EvaluationContext) -> dict[str, float]:
         """Every round: the clients' mean density (``subfedavg/density_mean``); at evaluated rounds the
@@ -188,7 +187,7 @@ class SubFedAvg(FedAvg):
             loss_sum, seen = loss_sum + (loss * n if n else 0.0), seen + n
             candidates.append(self._candidate(ctx))
         ctx.local_epochs, ctx.local_steps = epochs, steps
-        self._tasks += 1
+        self.tally.add(tasks=1)
         loss = loss_sum / seen if seen else float("nan")
         if not math.isfinite(loss) or not candidates:
             return loss
@@ -200,10 +199,8 @@ class SubFedAvg(FedAvg):
         mask.load_(self._candidate(ctx), apply=True)  # m2, capped at the target
         test = ctx.test_batches()
         accepted = accuracy(ctx.module, ctx.fabric, test) > self.acc_thresh
-        self._check_flops += getattr(test, "samples", 0) * ctx.module.forward_flops()
-        if accepted:
-            self._pruned += 1
-        else:
+        self.tally.add(flops=getattr(test, "samples", 0) * ctx.module.forward_flops(), pruned=int(accepted))
+        if not accepted:
             mask.load_(old_mask, apply=False)
             ctx.load_weights(old_weights)
         ctx.report["subfedavg/accepted"] = float(accepted)
@@ -219,10 +216,10 @@ class SubFedAvg(FedAvg):
                                                                  self._target_active(mask)))
 
     def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        out = {"subfedavg/pruned_clients": float(self._pruned), "flops/check": self._check_flops}
-        if self._check_flops:
-            out["flops/train_total"] = metrics.get("flops/train_total", 0.0) + self._check_flops
-            out["flops/train_per_client"] = (metrics.get("flops/train_per_client", 0.0)
-                                             + self._check_flops / max(self._tasks, 1))
-        self._pruned, self._check_flops, self._tasks = 0, 0.0, 0
+        tally = self.tally.take()
+        flops = tally["flops"]
+        out = {"subfedavg/pruned_clients": float(tally["pruned"]), "flops/check": flops}
+        if flops:
+            out["flops/train_total"] = metrics.get("flops/train_total", 0.0) + flops
+            out["flops/train_per_client"] = metrics.get("flops/train_per_client", 0.0) + flops / max(tally["tasks"], 1)
         return out
