@@ -293,3 +293,60 @@ def test_psfl_warmup_sums_replayed_across_processes_equal_one_process():
     # the warm server's step (a task too) empties the sums and keeps B on every process
     (proc,) = _shard_level(serial, [lambda p: p._end_warm_step(2.5)], world_size=1)
     assert proc._b == [2.5] and proc._grad_sum is None and proc._grad_norms == {}
+
+
+# -- each process evaluates the clients it owns ----------------------------------------------------------
+PROBE = '''
+import json, os
+
+import torch.distributed as dist
+
+from lightning_dfl.federation.algorithms import FedAvgFT
+
+
+class ProbeFedAvgFT(FedAvgFT):
+    """FedAvg-FT that writes, per process and round, the clients whose test sets the process read."""
+
+    shardable = True
+
+    def evaluate_round(self, ctx):
+        worker = ctx.worker
+        if not hasattr(worker, "probe"):  # from here on, every test-set read of this process is written down
+            worker.probe, original = [], worker.test_batches
+            worker.test_batches = lambda client: (worker.probe.append(client), original(client))[1]
+        out = super().evaluate_round(ctx)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        with open(os.path.join(os.environ["PROBE_DIR"], f"rank{rank}.jsonl"), "a") as f:
+            f.write(json.dumps({"round": ctx.round_idx, "tested": worker.probe}) + "\\n")
+        worker.probe = []
+        return out
+'''
+
+
+def test_each_process_evaluates_only_the_clients_it_owns(tmp_path, monkeypatch):
+    import json
+
+    (tmp_path / "probe_algorithm.py").write_text(PROBE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PROBE_DIR", str(tmp_path))
+    run = _fit(tmp_path / "runs", "fedavg_ft_digits.yaml",
+               ["--trainer.rounds", "2", "--trainer.algorithm", "probe_algorithm.ProbeFedAvgFT",
+                "--trainer.algorithm.init_args.clients_per_round", "4"], devices=2)
+    assert (run / "metrics.csv").is_file()
+    for rank in (0, 1):
+        rows = [json.loads(line) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+        own = [k for k in range(6) if k % 2 == rank]
+        assert rows[0] == {"round": 0, "tested": own}  # the fine-tuned models, on the owned clients' test sets
+        # round 1: the tasks' own evaluations (on the process that ran them), the consensus model, the fine-tuned ones
+        assert set(rows[1]["tested"]) <= set(own) and rows[1]["tested"][-2 * len(own):] == own + own
+
+
+def test_ownership_is_round_robin_and_one_process_owns_everything():
+    from lightning_dfl.federation.loop.ownership import Ownership, owner_of
+
+    second = Ownership(rank=1, world_size=3)
+    assert [owner_of(k, 3) for k in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert second.owned(range(7)) == [1, 4] and second.owns(4) and not second.owns(6)
+    alone = Ownership()
+    assert alone.owned([5, 0, 3]) == [5, 0, 3]
+    assert alone.gather({2: "b", 0: "a"}, [0, 2]) == ["a", "b"]  # one process: its own values, in node order

@@ -233,6 +233,21 @@ class EvaluationContext(_OnWorker):
     store: ClientStore
     #: ``() -> (weights, mask) | None``: the algorithm's shared model (its consensus sources, averaged)
     shared_model: Callable[[], tuple[dict[str, Tensor], dict[str, Tensor]] | None]
+    #: which process owns each node (:class:`~lightning_dfl.federation.loop.ownership.Ownership`); ``None``: one
+    owners: Any = None
+
+    @property
+    def clients(self) -> list[int]:
+        """The clients this process evaluates: those it owns (all of them with one process), in id order. A
+        per-client evaluation runs over these and :meth:`gather` s the values."""
+        everyone = range(self.spec.num_clients)
+        return list(everyone) if self.owners is None else self.owners.owned(everyone)
+
+    def gather(self, mine: Mapping[int, Any]) -> list[Any]:
+        """Every client's value, in id order, from the values each process computed for its :attr:`clients`
+        (``mine``, keyed by client; picklable). Every process calls it (a collective with several)."""
+        everyone = range(self.spec.num_clients)
+        return [mine[k] for k in everyone] if self.owners is None else self.owners.gather(mine, everyone)
 
     @property
     def local_epochs(self) -> int:

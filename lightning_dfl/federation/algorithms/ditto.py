@@ -92,11 +92,11 @@ class Ditto(FedAvg):
         """At an evaluated round: every client's v_i on its test set (``acc/personal_mean|std``, the headline)."""
         if not ctx.evaluates:
             return {}
-        accs = []
-        for k in range(ctx.num_clients):
+        mine = {}
+        for k in ctx.clients:  # each process its own clients
             ctx.load(ctx.store.read(k, PERSONAL), ctx.store.mask(k), apply=False)
-            accs.append(ctx.test(k))
-        mean, std = mean_std(accs)
+            mine[k] = ctx.test(k)
+        mean, std = mean_std(ctx.gather(mine))
         return {"acc/personal_mean": mean, "acc/personal_std": std}
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:

@@ -63,8 +63,8 @@ class _FineTuned:
         shared, mask = found
         epochs = ctx.local_epochs if self.finetune_epochs is None else self.finetune_epochs
         steps = ctx.local_steps if self.finetune_epochs is None else None
-        accs, flops = [], 0.0
-        for k in range(ctx.num_clients):
+        mine = {}
+        for k in ctx.clients:  # each process its own clients
             ctx.load(shared, mask)
             torch.manual_seed(derive_seed(ctx.seed, "finetune/torch", ctx.round_idx, k))
             generator = torch.Generator().manual_seed(derive_seed(ctx.seed, "finetune", ctx.round_idx, k))
@@ -74,11 +74,14 @@ class _FineTuned:
             if epochs or steps:
                 with torch.enable_grad():
                     self.local_train(task)  # type: ignore[attr-defined]
-            flops += batches.samples * 3 * ctx.module.forward_flops()
-            accs.append(ctx.test(k))
+            mine[k] = (ctx.test(k), batches.samples * 3 * ctx.module.forward_flops())
         ctx.optimizer.state.clear()
         ctx.load_weights(shared)  # the worker holds the shared model again, as the round left it
-        mean, std = mean_std(accs)
+        gathered = ctx.gather(mine)
+        flops = 0.0
+        for _, client_flops in gathered:  # added in client order, as one process adds them
+            flops += client_flops
+        mean, std = mean_std([acc for acc, _ in gathered])
         metrics.update({"acc/finetune_mean": mean, "acc/finetune_std": std, "flops/finetune_total": flops,
                         "flops/finetune_per_client": flops / ctx.num_clients})
         return metrics

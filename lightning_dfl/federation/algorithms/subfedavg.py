@@ -129,17 +129,17 @@ class SubFedAvg(TalliedTasks, FedAvg):
         server's model under each client's personal mask, w * m_i, on that client's test set
         (``acc/subnetwork_mean|std``, the headline)."""
         store, server = ctx.store, ctx.num_clients
-        densities = [float(sum(int(m.sum()) for m in store.mask(k).values()) / max(store.masked_size(), 1))
-                     for k in range(server)]
+        densities = ctx.gather({k: float(sum(int(m.sum()) for m in store.mask(k).values()) / max(store.masked_size(), 1))
+                                for k in ctx.clients})
         metrics = {"subfedavg/density_mean": sum(densities) / len(densities)}
         if not ctx.evaluates:
             return metrics
         weights, _ = store.published(server)
-        accs = []
-        for k in range(server):
+        mine = {}
+        for k in ctx.clients:  # each process its own clients
             ctx.load(weights, store.mask(k))
-            accs.append(ctx.test(k))
-        mean, std = mean_std(accs)
+            mine[k] = ctx.test(k)
+        mean, std = mean_std(ctx.gather(mine))
         return {**metrics, "acc/subnetwork_mean": mean, "acc/subnetwork_std": std}
 
     def consensus_sources(self, num_clients: int) -> None:

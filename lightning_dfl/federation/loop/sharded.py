@@ -2,8 +2,8 @@
 
 Every process holds the whole federation (plan, client store, algorithm and callbacks) and
 plans every round identically. :class:`ShardedExecutor` walks the plan's levels like the serial
-executor; in each level task ``i`` (in level order) runs on process ``i mod world_size``. After
-the level:
+executor; in each level a task runs on its node's owner (node ``k`` on process ``k mod world_size``:
+:mod:`~lightning_dfl.federation.loop.ownership`). After the level:
 
 * the store: each task's owner broadcasts what the task wrote (:meth:`ClientStore.task_views`:
   the published model, masks and fields, the next mask, its private fields), so every process
@@ -117,18 +117,21 @@ class ShardedExecutor(SerialExecutor):
 
     def __init__(self, state: FederationState) -> None:
         super().__init__(state)
-        fabric = state.worker.fabric
-        self.rank, self.world_size = fabric.global_rank, fabric.world_size
+        ownership = state.ownership
+        if ownership.world_size != state.worker.fabric.world_size:
+            raise ValueError(f"the federation's ownership spans {ownership.world_size} process(es), Fabric runs "
+                             f"{state.worker.fabric.world_size}: build the state with Ownership.of_fabric(fabric)")
+        self.ownership, self.rank, self.world_size = ownership, ownership.rank, ownership.world_size
         # a gloo group carries the CPU store and the pickled deltas whatever the accelerator's backend
-        self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self.group = ownership.group
 
     def _stateful(self) -> list[Any]:
         t = self.state
         return [obj for obj in (t.algorithm, *t.callbacks) if speaks_shard_protocol(obj)]
 
-    def owner(self, position: int) -> int:
-        """The process that runs the level's ``position``-th task."""
-        return position % self.world_size
+    def owner(self, node: int) -> int:
+        """The process that runs ``node``'s tasks: its owner (:mod:`~lightning_dfl.federation.loop.ownership`)."""
+        return self.ownership.owner(node)
 
     def run(self, plan: RoundPlan, evaluate: bool, accounting: RoundAccounting | None = None,
             exchange: int = 0) -> RoundAccounting:
@@ -141,7 +144,7 @@ class ShardedExecutor(SerialExecutor):
             before = [obj.shard_snapshot() for obj in stateful]
             deltas: dict[int, list[Any]] = {}
             for position, task in enumerate(level):
-                if self.owner(position) != self.rank:
+                if self.owner(task.node) != self.rank:
                     continue
                 marks = [obj.shard_snapshot() for obj in stateful]
                 self.run_task(task, own)
@@ -153,8 +156,8 @@ class ShardedExecutor(SerialExecutor):
                 self.reads_done(task)
             gathered: list[dict[int, list[Any]]] = [{} for _ in range(self.world_size)]
             dist.all_gather_object(gathered, deltas, group=self.group)
-            for position in range(len(level)):
-                for obj, delta in zip(stateful, gathered[self.owner(position)][position]):
+            for position, task in enumerate(level):
+                for obj, delta in zip(stateful, gathered[self.owner(task.node)][position]):
                     obj.shard_apply(delta)
         self.state.progress.end_tasks()
         shares: list[Any] = [None] * self.world_size
@@ -170,8 +173,8 @@ class ShardedExecutor(SerialExecutor):
     def _sync_store(self, nodes: list[int]) -> None:
         """Every task's owner broadcasts what the task wrote to the store, packed by dtype."""
         store = self.state.store
-        for position, node in enumerate(nodes):
-            owner = self.owner(position)
+        for node in nodes:
+            owner = self.owner(node)
             views = store.task_views(node)
             by_dtype: dict[torch.dtype, list[Tensor]] = {}
             for view in views:

@@ -19,6 +19,7 @@ from torch import Tensor
 from lightning_dfl.federation.algorithms.context import EvaluationContext, RunSpec, TaskContext
 from lightning_dfl.federation.exchange.aggregation import masked_average
 from lightning_dfl.federation.loop.clock import Clock
+from lightning_dfl.federation.loop.ownership import Ownership
 from lightning_dfl.federation.loop.worker import Worker
 from lightning_dfl.federation.metrics.evaluation import global_test_metrics, shared_model_metrics
 from lightning_dfl.federation.store.protocol import ClientStore
@@ -65,6 +66,8 @@ class FederationState:
     progress: RoundProgress = field(default_factory=RoundProgress)
     #: the run's diagnostics (they hear every transfer), or ``None``
     diag: Any = None
+    #: which process owns each node (:mod:`~lightning_dfl.federation.loop.ownership`; one process: all)
+    ownership: Ownership = field(default_factory=Ownership)
 
     def task_context(self, task: Any, exchange: int) -> TaskContext:
         """The context of ``task`` (exchange ``exchange`` of the running round) on the worker, with the callbacks."""
@@ -84,8 +87,8 @@ class FederationState:
         return average, self.store.mask(sources[0].node)
 
     def consensus_metrics(self) -> dict[str, float]:
-        """The shared model (if any) tested on every client's test set (``acc/consensus_*``), or on the official
-        test split when the algorithm's headline is ``"global"``."""
+        """The shared model (if any) tested on every client's test set (``acc/consensus_*``; each process tests
+        the clients it owns), or on the official test split when the algorithm's headline is ``"global"``."""
         shared = self.shared_model()
         if shared is None:
             return {}
@@ -95,9 +98,10 @@ class FederationState:
         worker.load(average)
         if self.algorithm.headline == "global":
             return global_test_metrics(worker.module, worker.fabric, worker.global_test_batches())
-        return shared_model_metrics(worker.module, worker.fabric, self.spec.num_clients, worker.test_batches)
+        return shared_model_metrics(worker.module, worker.fabric, self.spec.num_clients, worker.test_batches,
+                                    owners=self.ownership)
 
     def evaluation_context(self, round_idx: int, evaluates: bool) -> EvaluationContext:
         """What :meth:`~Algorithm.evaluate_round` may use at ``round_idx``'s end."""
         return EvaluationContext(round_idx=round_idx, evaluates=evaluates, spec=self.spec, worker=self.worker,
-                                 store=self.store, shared_model=self.shared_model)
+                                 store=self.store, shared_model=self.shared_model, owners=self.ownership)

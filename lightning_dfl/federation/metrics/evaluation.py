@@ -26,9 +26,13 @@ def deferred_accuracy(module: Any, fabric: Any, batches: Iterable[tuple[Tensor, 
 
 def shared_model_metrics(module: Any, fabric: Any, num_clients: int,
                          test_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
-                         prefix: str = "acc/consensus") -> dict[str, float]:
-    """The model loaded in the worker tested on every client's test set: mean and std over clients."""
-    accs = read_values([deferred_accuracy(module, fabric, test_batches(k)) for k in range(num_clients)])
+                         prefix: str = "acc/consensus", owners: Any = None) -> dict[str, float]:
+    """The model loaded in the worker tested on every client's test set: mean and std over clients. With
+    ``owners`` (a :class:`~lightning_dfl.federation.loop.ownership.Ownership`) each process tests the clients it
+    owns and the accuracies are gathered in client order."""
+    clients = range(num_clients) if owners is None else owners.owned(range(num_clients))
+    mine = dict(zip(clients, read_values([deferred_accuracy(module, fabric, test_batches(k)) for k in clients])))
+    accs = [mine[k] for k in range(num_clients)] if owners is None else owners.gather(mine, range(num_clients))
     mean, std = mean_std(accs)
     return {f"{prefix}_mean": mean, f"{prefix}_std": std}
 

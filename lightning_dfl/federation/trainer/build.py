@@ -25,6 +25,7 @@ from lightning_dfl.federation.loop.batched import BatchedExecutor
 from lightning_dfl.federation.loop.callback_hooks import HookDispatch
 from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.loop.executor import SerialExecutor
+from lightning_dfl.federation.loop.ownership import Ownership
 from lightning_dfl.federation.loop.planner import RoundPlanner
 from lightning_dfl.federation.loop.sharded import ShardedExecutor
 from lightning_dfl.federation.loop.state import FederationState, RoundProgress
@@ -118,7 +119,7 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
                     convert_input=convert_input, step_graphs=graphs)
     state = FederationState(spec=spec, worker=worker, algorithm=algorithm, callbacks=callbacks,
                             call=HookDispatch(owner, callbacks, model), store=store, clock=clock,
-                            progress=RoundProgress(history=history))
+                            progress=RoundProgress(history=history), ownership=Ownership.of_fabric(fabric))
     executor = executor_factory(state) if executor_factory is not None else executor_type.create(state, settings)
     algorithm.init_state(store, num_clients)
     return BuiltFederation(fabric, state, planner, executor)
