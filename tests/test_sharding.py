@@ -350,3 +350,34 @@ def test_ownership_is_round_robin_and_one_process_owns_everything():
     alone = Ownership()
     assert alone.owned([5, 0, 3]) == [5, 0, 3]
     assert alone.gather({2: "b", 0: "a"}, [0, 2]) == ["a", "b"]  # one process: its own values, in node order
+
+
+# -- two machines: Fabric's launcher with num_nodes, here both on this host ---------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_machines_reproduce_one_process_bit_for_bit(tmp_path):
+    """docs/devices.md's two-machine commands (num_nodes 2, one process each, MASTER_ADDR/PORT, NODE_RANK)."""
+    import os
+
+    config, extra = RUNS["dispfl"]
+    one = _fit(tmp_path / "one", config, extra, devices=1)
+    args = [sys.executable, "-m", "lightning_dfl", "fit", "--config", str(CONFIGS / config), *COMMON, *extra,
+            "--trainer.num_nodes", "2", "--trainer.devices", "1", "--trainer.checkpoint_every", "2",
+            "--trainer.default_root_dir", str(tmp_path / "two")]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    machines = [subprocess.Popen(args, env={**env, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for rank in (1, 0)]
+    outputs = [m.communicate(timeout=600) for m in machines]
+    assert [m.returncode for m in machines] == [0, 0], [err[-2000:] for _, err in outputs]
+    (two,) = sorted((tmp_path / "two").glob("*/version_*"))  # written by the first machine's process alone
+    assert _rows(one / "metrics.csv") == _rows(two / "metrics.csv")
+    assert _rows(one / "clients.csv") == _rows(two / "clients.csv")
+    a, b = read_state(one / "checkpoints" / "last.ckpt"), read_state(two / "checkpoints" / "last.ckpt")
+    for part in ("store", "algorithm", "callbacks", "clock"):
+        assert _differences(a[part], b[part], part) == []

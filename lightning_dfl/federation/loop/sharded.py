@@ -124,6 +124,8 @@ class ShardedExecutor(SerialExecutor):
         self.ownership, self.rank, self.world_size = ownership, ownership.rank, ownership.world_size
         # a gloo group carries the CPU store and the pickled deltas whatever the accelerator's backend
         self.group = ownership.group
+        #: bytes of store state this process has broadcast (as a task's owner), over the run
+        self.broadcast_bytes = 0
 
     def _stateful(self) -> list[Any]:
         t = self.state
@@ -182,6 +184,8 @@ class ShardedExecutor(SerialExecutor):
             for parts in by_dtype.values():
                 flat = torch.cat([p.reshape(-1) for p in parts])
                 dist.broadcast(flat, src=owner, group=None if flat.is_cuda else self.group)
+                if owner == self.rank:
+                    self.broadcast_bytes += flat.numel() * flat.element_size()
                 if owner != self.rank:
                     offset = 0
                     for p in parts:

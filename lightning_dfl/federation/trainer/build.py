@@ -72,16 +72,16 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
     clock.setup(num_clients, algorithm.num_servers, settings.seed)  # refuses client_speeds of another length now
     model.build_for(datamodule)
     algorithm.setup(model, datamodule)
-    if settings.cpu_threads is not None:
-        import torch
-
-        torch.set_num_threads(settings.cpu_threads)
     # the module is Fabric's callback: it re-masks the weights after every optimizer step
     fabric = Fabric(**settings.fabric_kwargs(), callbacks=[model])
     executor_type = executor_for(settings)  # its checks hold with an executor_factory too
     executor_type.check_run(algorithm, callbacks)  # before any process starts
     if fabric.world_size > 1:  # clients sharded across processes
         fabric.launch()
+    if settings.cpu_threads is not None:  # after the launch: Fabric's launcher sets CPUs / local processes itself
+        import torch
+
+        torch.set_num_threads(settings.cpu_threads)
     fabric.seed_everything(settings.seed, verbose=False)
     if fabric.world_size > 1:  # no DDP wrapper: each process trains other clients, nothing is all-reduced
         fabric.strategy.precision.convert_module(model).to(fabric.device)

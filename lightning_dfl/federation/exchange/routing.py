@@ -1,0 +1,58 @@
+"""Which published models must move between processes before a plan level runs, from whom to whom.
+
+With the nodes owned by processes (``owner(node)``), a task runs on its node's owner and reads its plan's
+sources there. A source the owner does not hold must come from the source node's owner: a :class:`Route`.
+:func:`level_routes` lists them for one level, each ``(node, fresh)`` once per receiving process, in the
+level's order; :func:`plan_routes` for every level of a plan. What a task's hooks read beyond its sources
+(an algorithm without :attr:`~lightning_dfl.federation.algorithms.base.Algorithm.reads_only_sources`) is not
+in the plan, so not here.
+
+:func:`broadcast_copies` counts what the broadcast design moves instead: every task's written state to every
+other process. The two are compared in ``benchmarks/sharded_traffic.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from lightning_dfl.federation.exchange.plan import RoundPlan, Task
+
+__all__ = ["Route", "broadcast_copies", "level_routes", "plan_routes"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """``node``'s published model (this round's if ``fresh``, else its start-of-round one) sent by its owner
+    ``sender`` to ``receiver``, whose tasks read it."""
+
+    node: int
+    fresh: bool
+    sender: int
+    receiver: int
+
+
+def level_routes(level: Sequence[Task], owner: Callable[[int], int]) -> list[Route]:
+    """The routes one level needs: for each task (in level order) each source its runner does not own, once per
+    ``(receiver, node, fresh)``."""
+    routes: list[Route] = []
+    seen: set[tuple[int, int, bool]] = set()
+    for task in level:
+        receiver = owner(task.node)
+        for source in task.sources:
+            sender = owner(source.node)
+            key = (receiver, source.node, source.fresh)
+            if sender != receiver and key not in seen:
+                seen.add(key)
+                routes.append(Route(source.node, source.fresh, sender, receiver))
+    return routes
+
+
+def plan_routes(plan: RoundPlan, owner: Callable[[int], int]) -> list[list[Route]]:
+    """:func:`level_routes` of each of ``plan``'s levels, in order."""
+    return [level_routes(level, owner) for level in plan.levels()]
+
+
+def broadcast_copies(plan: RoundPlan, world_size: int) -> int:
+    """How many node states the broadcast design copies in ``plan``: every task's, to each other process."""
+    return len(plan.tasks) * (world_size - 1)
