@@ -381,3 +381,21 @@ def test_two_machines_reproduce_one_process_bit_for_bit(tmp_path):
     a, b = read_state(one / "checkpoints" / "last.ckpt"), read_state(two / "checkpoints" / "last.ckpt")
     for part in ("store", "algorithm", "callbacks", "clock"):
         assert _differences(a[part], b[part], part) == []
+
+
+def test_a_checkpoint_resumes_with_another_number_of_processes(tmp_path):
+    """One checkpoint file, written by process 0, holds the whole federation: 2 processes resume 1's, and back."""
+    config, extra = RUNS["dispfl"]  # 2 rounds, then resumed to 3
+
+    def resumed(name, first, then):
+        start = _fit(tmp_path / f"{name}-start", config, extra, devices=first)
+        more = [*extra[:extra.index("--trainer.rounds")], "--trainer.rounds", "3",
+                *extra[extra.index("--trainer.rounds") + 2:], "--ckpt_path", str(start / "checkpoints" / "last.ckpt")]
+        return _fit(tmp_path / f"{name}-end", config, more, devices=then)
+
+    same, fewer, more = resumed("1-1", 1, 1), resumed("2-1", 2, 1), resumed("1-2", 1, 2)
+    for other in (fewer, more):
+        assert _rows(same / "metrics.csv") == _rows(other / "metrics.csv")
+        a, b = read_state(same / "checkpoints" / "last.ckpt"), read_state(other / "checkpoints" / "last.ckpt")
+        for part in ("store", "algorithm", "callbacks", "clock"):
+            assert _differences(a[part], b[part], part) == []

@@ -270,6 +270,8 @@ class FederatedTrainer(TrainerView):
             callback.teardown(self, model, "fit")
         if self.settings.enable_progress_bar and self.is_global_zero:
             report.print_summary(self.summary)
+        if self.fabric.world_size > 1:  # every process ends its run before any returns (none left running alone)
+            self.fabric.barrier()
 
     def _interrupted(self, exit_code: int, what: str) -> Interrupted:
         return Interrupted.after(exit_code, what, self.checkpoint_path, self.command_line)
