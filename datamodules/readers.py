@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.files import regular_files
 
 from .cache import cached_arrays
 from .images import ImageData, Split, check_image_size, decode_images, describe_error
@@ -254,7 +255,7 @@ def load_image_folder(root: str | os.PathLike, image_size: int | None = None,
     unpacks to such a folder (``cifar10-jpg``). ``cache``: where the decoded images are cached (see
     :mod:`.cache`; False: decoded on every load).
     """
-    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+    from torchvision.datasets.folder import IMG_EXTENSIONS
 
     check_image_size(image_size)
     root = Path(root).expanduser()
@@ -282,15 +283,16 @@ def load_image_folder(root: str | os.PathLike, image_size: int | None = None,
 
     def listing(half: str) -> list[tuple[str, int]]:
         samples: list[tuple[str, int]] = []
-        for c in classes:  # one class at a time: an empty class folder is named here, not by torchvision
-            try:
-                samples += make_dataset(root / half, {c: class_to_idx[c]}, extensions=IMG_EXTENSIONS)
-            except FileNotFoundError as err:
+        for c in classes:  # one class at a time: an empty class folder is named here
+            # torchvision's make_dataset order, each real folder walked once (a link loop would never end)
+            files = regular_files(root / half / c, IMG_EXTENSIONS)
+            if not files:
                 raise FileNotFoundError(
                     f"class folder {root / half / c} holds no images "
                     f"(allowed extensions: {', '.join(IMG_EXTENSIONS)}); "
                     f"every class needs images in both train/ and test/"
-                ) from err
+                )
+            samples += [(path, class_to_idx[c]) for path in files]
         return samples
 
     halves = {"train": listing("train"), "test": listing("test")}

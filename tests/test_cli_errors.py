@@ -56,6 +56,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     _image_folder(tmp / "test_class", test=("ant", "bee", "cat"))
     _image_folder(tmp / "corrupt_image")
     (tmp / "corrupt_image" / "train" / "bee" / "1.jpg").write_bytes(b"not a jpeg")
+    _image_folder(tmp / "fifo_image")
+    (tmp / "fifo_image" / "train" / "bee" / "1.jpg").unlink()
+    os.mkfifo(tmp / "fifo_image" / "train" / "bee" / "1.jpg")  # reading it would block
+    os.mkfifo(tmp / "fifo.yaml")
+    os.mkfifo(tmp / "fifo_ckpt.ckpt")
     (tmp / "syntax.yaml").write_text("trainer:\n  rounds: [1\nmodel:\n  lr: 0.1\n")
     (tmp / "type.yaml").write_text("trainer:\n  rounds: ten\n")
     (tmp / "unknown_key.yaml").write_text("trainer:\n  roundz: 3\n")
@@ -119,6 +124,10 @@ CASES = [
     ("client_speeds_wrong_length", ["--trainer.client_speeds=[1,2]"], ["client_speeds", "2", "20"]),
     ("devices_0", ["--trainer.devices=0"], ["devices", "0"]),
     ("strategy_fsdp_with_2_devices", ["--trainer.devices=2", "--trainer.strategy=fsdp"], ["fsdp", "'ddp'"]),
+    # a callback whose default is no plain value (Timer's interval=Interval.step) cannot be saved: not a syntax error
+    ("callback_default_not_yaml", ["--trainer.callbacks+=Timer"], ["config.yaml", "Interval.step", "plain value"]),
+    ("num_nodes_without_machines", ["--trainer.num_nodes=2"], ["num_nodes=2", "NODE_RANK", "MASTER_ADDR",
+                                                                "Several machines", "num_nodes=1"]),
     ("callback_not_shardable", ["--trainer.devices=2", "--trainer.callbacks+=DeviceStatsMonitor"],
      ["DeviceStatsMonitor", "on_train_batch_end", "sharding protocol", "devices=1"]),
     ("accelerator_absent", ["--trainer.accelerator=mps"], ["MPS"]),
@@ -169,6 +178,12 @@ CASES = [
     ("yaml_duplicate_section", ["--config={duplicate}"], ["{duplicate}", "'trainer' twice", "lines 1 and 5"]),
     ("yaml_duplicate_key", ["--config={nested_duplicate}"], ["{nested_duplicate}", "'rounds' twice", "lines 2 and 4"]),
     # checkpoints
+    # what would block or never end: refused by what it is, before it is opened
+    ("config_fifo", ["--config={fifo}"], ["{fifo}", "a FIFO (named pipe), not a regular file"]),
+    ("config_device", ["--config=/dev/zero"], ["/dev/zero", "a character device, not a regular file"]),
+    ("ckpt_fifo", ["--ckpt_path={fifo_ckpt}"], ["{fifo_ckpt}", "a FIFO (named pipe), not a regular file"]),
+    ("image_folder_fifo_image", ["--data.dataset=image_folder", "--data.root={fifo_image}"],
+     ["1.jpg", "a FIFO (named pipe), not a regular file"]),
     ("ckpt_truncated", ["--ckpt_path={truncated}"], ["{truncated}", "truncated"]),
     ("ckpt_empty", ["--ckpt_path={zero}"], ["{zero}", "empty"]),
     ("ckpt_random_bytes", ["--ckpt_path={random}"], ["{random}", "not a checkpoint"]),

@@ -399,3 +399,19 @@ def test_a_checkpoint_resumes_with_another_number_of_processes(tmp_path):
         a, b = read_state(same / "checkpoints" / "last.ckpt"), read_state(other / "checkpoints" / "last.ckpt")
         for part in ("store", "algorithm", "callbacks", "clock"):
             assert _differences(a[part], b[part], part) == []
+
+
+def test_several_machines_without_their_addresses_are_refused_before_waiting():
+    from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+
+    from lightning_dfl.federation.loop.sharded import check_machines_meet
+
+    plain = LightningEnvironment()
+    check_machines_meet(1, plain, {})  # one machine needs nothing
+    check_machines_meet(2, plain, {"NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"})
+    check_machines_meet(2, plain, {"GROUP_RANK": "0", "MASTER_ADDR": "10.0.0.1"})
+    check_machines_meet(2, SLURMEnvironment(), {})  # a scheduler sets the ranks itself
+    with pytest.raises(ValueError, match="num_nodes=2: NODE_RANK not set.*NODE_RANK=<0 on the first"):
+        check_machines_meet(2, plain, {"MASTER_ADDR": "10.0.0.1"})
+    with pytest.raises(ValueError, match="num_nodes=3: NODE_RANK and MASTER_ADDR not set"):
+        check_machines_meet(3, plain, {})

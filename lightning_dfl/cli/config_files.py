@@ -13,6 +13,8 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from lightning_dfl.files import check_regular_file
+
 __all__ = ["MAX_BYTES", "MAX_NODES", "check_config_file", "config_files"]
 
 #: the largest config file read (the project's configs are about 1 KB)
@@ -33,12 +35,14 @@ def config_files(args: Sequence[str]) -> Iterator[str]:
 def check_config_file(path: str | os.PathLike) -> None:
     """Refuse a config file larger than :data:`MAX_BYTES`, one whose aliases expand to more than
     :data:`MAX_NODES` nodes, or one with a key given twice in one mapping (``ValueError`` naming the file
-    and the key's lines). A path that is not a file, or YAML that does not parse, is left to the parser."""
+    and the key's lines), or a path that exists but is not a regular file (a folder, a FIFO, a device). A path that
+    does not exist, or YAML that does not parse, is left to the parser."""
     import yaml
 
     file = Path(path)
-    if not file.is_file():
-        return
+    if not file.exists():
+        return  # the parser says it does not exist (or reads it as an inline string)
+    check_regular_file(file, "config file")  # a FIFO would block the parser, /dev/zero never end
     where = repr(str(path))
     size = file.stat().st_size
     if size > MAX_BYTES:

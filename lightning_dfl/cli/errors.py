@@ -201,7 +201,13 @@ def error_message(err: BaseException) -> str:
         yaml_error = next((e for e in chain if isinstance(e, yaml.YAMLError)), None)
     except ImportError:  # pragma: no cover - jsonargparse needs PyYAML
         yaml_error = None
-    if yaml_error is not None:
+    if yaml_error is not None and type(yaml_error).__name__ == "RepresenterError":  # writing, not reading
+        value = yaml_error.args[1] if len(yaml_error.args) > 1 else yaml_error
+        message = (f"the run's configuration cannot be saved as YAML (config.yaml): a default value {value!r} is not "
+                   "a plain value (a number, string, list or mapping); give that option a plain value on the command "
+                   "line or in the config")
+        option = None
+    elif yaml_error is not None:
         mark = getattr(yaml_error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = " ".join(str(p) for p in (getattr(yaml_error, "context", None), getattr(yaml_error, "problem", None))

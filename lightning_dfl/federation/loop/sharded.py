@@ -30,6 +30,7 @@ bit-identical to one process (tested with 2 gloo processes). An algorithm class 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,7 +46,7 @@ from lightning_dfl.federation.metrics.accounting import RoundAccounting
 if TYPE_CHECKING:
     from lightning_dfl.federation.loop.state import FederationState
 
-__all__ = ["SHARD_PROTOCOL", "ShardedExecutor", "check_shardable"]
+__all__ = ["SHARD_PROTOCOL", "ShardedExecutor", "check_machines_meet", "check_shardable"]
 
 #: callback hooks that run inside a client's task
 TASK_HOOKS = ("on_client_before_aggregation", "on_client_train_end", "on_client_end", "on_train_batch_start",
@@ -73,6 +74,20 @@ def check_processes(devices: Any, num_nodes: Any, strategy: str) -> tuple[int, i
         raise ValueError(f"strategy={strategy!r} with {world_size} process(es): each process trains its own "
                          f"clients with one worker; allowed: {', '.join(repr(a) for a in allowed)}")
     return devices, num_nodes, "ddp" if world_size > 1 else strategy
+
+
+def check_machines_meet(num_nodes: int, environment: Any, environ: Mapping[str, str]) -> None:
+    """Refuse ``num_nodes`` > 1 under Lightning's plain environment (no cluster scheduler) when this machine has
+    no ``NODE_RANK`` (or ``GROUP_RANK``) and no ``MASTER_ADDR``: the run would wait for machines never started."""
+    if num_nodes == 1 or type(environment).__name__ != "LightningEnvironment":
+        return  # one machine, or a scheduler's environment (SLURM, torchelastic, ...) that sets the ranks itself
+    missing = [name for name, present in (("NODE_RANK", "NODE_RANK" in environ or "GROUP_RANK" in environ),
+                                          ("MASTER_ADDR", "MASTER_ADDR" in environ)) if not present]
+    if missing:
+        raise ValueError(f"num_nodes={num_nodes}: {' and '.join(missing)} not set, so the other machines cannot be "
+                         "found; start the same command on each machine with MASTER_ADDR=<the first machine's "
+                         "address> MASTER_PORT=<a free port> NODE_RANK=<0 on the first, 1, 2, ...> (docs/devices.md, "
+                         "\"Several machines\"), or set num_nodes=1")
 
 
 def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:

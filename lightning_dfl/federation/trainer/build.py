@@ -11,6 +11,7 @@ allocated), the store, and the algorithm's initial state.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,7 @@ from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.loop.ownership import Ownership
 from lightning_dfl.federation.loop.planner import RoundPlanner
-from lightning_dfl.federation.loop.sharded import ShardedExecutor
+from lightning_dfl.federation.loop.sharded import ShardedExecutor, check_machines_meet
 from lightning_dfl.federation.loop.state import FederationState, RoundProgress
 from lightning_dfl.federation.loop.step_graphs import StepGraphs, check_graphable
 from lightning_dfl.federation.loop.worker import Worker
@@ -76,6 +77,7 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
     fabric = Fabric(**settings.fabric_kwargs(), callbacks=[model])
     executor_type = executor_for(settings)  # its checks hold with an executor_factory too
     executor_type.check_run(algorithm, callbacks)  # before any process starts
+    check_machines_meet(settings.num_nodes, getattr(fabric.strategy, "cluster_environment", None), os.environ)
     if fabric.world_size > 1:  # clients sharded across processes
         fabric.launch()
     if settings.cpu_threads is not None:  # after the launch: Fabric's launcher sets CPUs / local processes itself

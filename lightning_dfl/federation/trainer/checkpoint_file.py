@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from lightning_dfl.federation.store.saved_state import SavedStateError, StoreLayout
+from lightning_dfl.files import path_kind
 from lightning_dfl.host_memory import available_bytes, format_bytes
 
 FORMAT = "lightning-dfl/federation"
@@ -98,8 +99,8 @@ def check_file(path: str | os.PathLike) -> Path:
     where = repr(str(path))
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {where}: the path does not exist")
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {where}: it is a folder, not a file")
+    if path_kind(path) != "a regular file":  # a FIFO would block the read below
+        raise CheckpointError(f"no checkpoint at {where}: it is {path_kind(path)}, not a regular file")
     with open(path, "rb") as file:
         head = file.read(len(_ZIP_MAGIC))
     if not head:
