@@ -128,6 +128,10 @@ CASES = [
     ("callback_default_not_yaml", ["--trainer.callbacks+=Timer"], ["config.yaml", "Interval.step", "plain value"]),
     ("num_nodes_without_machines", ["--trainer.num_nodes=2"], ["num_nodes=2", "NODE_RANK", "MASTER_ADDR",
                                                                 "Several machines", "num_nodes=1"]),
+    # a hook given as a callable that cannot take the hook's arguments: refused before training (was a crash in it)
+    ("lambda_callback_wrong_arity", ["--trainer.callbacks+=LambdaCallback",
+                                     "--trainer.callbacks.init_args.on_fit_start=os.getcwd"],
+     ["LambdaCallback", "on_fit_start=getcwd", "(trainer, pl_module)"]),
     ("callback_not_shardable", ["--trainer.devices=2", "--trainer.callbacks+=DeviceStatsMonitor"],
      ["DeviceStatsMonitor", "on_train_batch_end", "sharding protocol", "devices=1"]),
     ("accelerator_absent", ["--trainer.accelerator=mps"], ["MPS"]),

@@ -425,3 +425,16 @@ def test_a_callbacks_client_end_runs_with_autograd_as_in_a_plain_trainer():
                                accelerator="cpu", callbacks=[GradAtEnd()])
     trainer.fit(SparseClassifier(arch="cnn_digits", density=0.5), FederatedDataModule(num_clients=3))
     assert seen == [True, True, True]
+
+
+def test_a_hook_given_as_a_callable_must_take_the_hooks_arguments():
+    from lightning.pytorch.callbacks import LambdaCallback
+
+    from lightning_dfl.errors import ConfigurationError
+    from lightning_dfl.federation.loop.callback_hooks import check_supported
+
+    check_supported([LambdaCallback(on_fit_start=lambda trainer, pl_module: None, on_train_end=print)])
+    with pytest.raises(ConfigurationError, match="LambdaCallback's on_train_batch_end=.*<lambda> cannot be called with "
+                                                 "the hook's arguments \\(trainer, pl_module, outputs, batch, "
+                                                 "batch_idx\\)"):
+        check_supported([LambdaCallback(on_train_batch_end=lambda trainer, pl_module: None)])

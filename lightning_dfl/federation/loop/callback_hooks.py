@@ -61,6 +61,29 @@ def check_supported(callbacks: list[Any]) -> None:
         name = next((n for n in UNSUPPORTED_STOCK if isinstance(callback, getattr(stock, n))), None)
         if name is not None:
             raise ValueError(f"trainer.callbacks: {name} is not supported in a federation: {UNSUPPORTED_STOCK[name]}")
+        _check_hook_callables(callback)
+
+
+def _check_hook_callables(callback: Any) -> None:
+    """Refuse a hook given to a callback instance as a callable (``LambdaCallback(on_fit_start=f)``) that cannot take
+    the arguments the hook is called with (``ConfigurationError`` naming the callback, the hook and the callable)."""
+    import inspect
+
+    from lightning_dfl.errors import ConfigurationError
+
+    for hook, fn in vars(callback).items():
+        declared = getattr(FederatedCallback, hook, None)
+        if not (hook.startswith("on_") and callable(declared) and callable(fn)):
+            continue
+        params = list(inspect.signature(declared).parameters)[1:]  # without self
+        try:
+            inspect.signature(fn).bind(*params)
+        except ValueError:  # a builtin without a signature: it cannot be checked here
+            continue
+        except TypeError as err:
+            name = getattr(fn, "__qualname__", repr(fn))
+            raise ConfigurationError(f"trainer.callbacks: {type(callback).__name__}'s {hook}={name} cannot be called "
+                                     f"with the hook's arguments ({', '.join(params)}): {err}") from None
 
 
 def merge_callbacks(defaults: list[Any], callbacks: Any) -> list[Any]:
