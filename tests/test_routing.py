@@ -1,7 +1,7 @@
 """What moves between processes before a plan level: each source a task's process does not own, once."""
 
 from lightning_dfl.federation import RoundPlan, Source, Task
-from lightning_dfl.federation.exchange.routing import Route, broadcast_copies, level_routes, plan_routes
+from lightning_dfl.federation.exchange.routing import Route, level_routes, plan_routes
 from lightning_dfl.federation.loop.ownership import owner_of
 
 
@@ -15,7 +15,6 @@ def test_a_parallel_level_moves_each_missing_source_once_per_receiver():
     (level,) = plan.levels()
     # process 0 runs clients 0 and 2 and needs client 1 once; process 1 runs 1 and 3 and needs 0 and 2
     assert level_routes(level, two) == [Route(1, False, 1, 0), Route(0, False, 0, 1), Route(2, False, 0, 1)]
-    assert broadcast_copies(plan, 2) == 4  # the broadcast design: every task's state to the other process
     assert level_routes(level, lambda node: 0) == []  # one process owns every node: nothing moves
 
 

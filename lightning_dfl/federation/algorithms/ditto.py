@@ -59,7 +59,7 @@ class Ditto(FedAvg):
     """
 
     name = "ditto"
-    #: FedAvg's flags do not hold unchecked for its own hooks (not yet shardable; may read other models)
+    #: FedAvg's flags, declared again for its own hooks: shardable; not reads_only_sources (it reads other models)
     shardable = True
     reads_only_sources = False
     headline = "personal"

@@ -83,7 +83,7 @@ class FedDST(TalliedTasks, FedAvg):
     """
 
     name = "feddst"
-    #: FedAvg's flags do not hold unchecked for its own hooks (not yet shardable; may read other models)
+    #: FedAvg's flags, declared again for its own hooks: shardable; not reads_only_sources (it reads other models)
     shardable = True
     reads_only_sources = False
 

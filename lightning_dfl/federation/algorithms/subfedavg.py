@@ -102,7 +102,7 @@ class SubFedAvg(TalliedTasks, FedAvg):
     """
 
     name = "subfedavg"
-    #: FedAvg's flags do not hold unchecked for its own hooks (not yet shardable; may read other models)
+    #: FedAvg's flags, declared again for its own hooks: shardable; not reads_only_sources (it reads other models)
     shardable = True
     reads_only_sources = False
     headline = "subnetwork"  # baselines-notes 9: w * m_i on every client's test set

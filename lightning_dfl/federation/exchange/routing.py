@@ -5,10 +5,8 @@ sources there. A source the owner does not hold must come from the source node's
 :func:`level_routes` lists them for one level, each ``(node, fresh)`` once per receiving process, in the
 level's order; :func:`plan_routes` for every level of a plan. What a task's hooks read beyond its sources
 (an algorithm without :attr:`~lightning_dfl.federation.algorithms.base.Algorithm.reads_only_sources`) is not
-in the plan, so not here.
-
-:func:`broadcast_copies` counts what the broadcast design moves instead: every task's written state to every
-other process. The two are compared in ``benchmarks/sharded_traffic.py``.
+in the plan, so not here. ``benchmarks/sharded_scale.py`` compares the routes' bytes with what today's
+broadcast moves.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from dataclasses import dataclass
 
 from lightning_dfl.federation.exchange.plan import RoundPlan, Task
 
-__all__ = ["Route", "broadcast_copies", "level_routes", "plan_routes"]
+__all__ = ["Route", "level_routes", "plan_routes"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,3 @@ def plan_routes(plan: RoundPlan, owner: Callable[[int], int]) -> list[list[Route
     """:func:`level_routes` of each of ``plan``'s levels, in order."""
     return [level_routes(level, owner) for level in plan.levels()]
 
-
-def broadcast_copies(plan: RoundPlan, world_size: int) -> int:
-    """How many node states the broadcast design copies in ``plan``: every task's, to each other process."""
-    return len(plan.tasks) * (world_size - 1)

@@ -7,12 +7,14 @@ and the federated ones of :class:`~lightning_dfl.callbacks.base.FederatedCallbac
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from typing import Any
 
 from lightning.pytorch import Callback
 
 from lightning_dfl.callbacks.base import FederatedCallback
+from lightning_dfl.errors import ConfigurationError
 from lightning_dfl.hooks import is_overridden
 
 __all__ = ["SHARD_PROTOCOL", "UNSUPPORTED_STOCK", "HookDispatch", "check_supported", "defined_hooks",
@@ -67,10 +69,6 @@ def check_supported(callbacks: list[Any]) -> None:
 def _check_hook_callables(callback: Any) -> None:
     """Refuse a hook given to a callback instance as a callable (``LambdaCallback(on_fit_start=f)``) that cannot take
     the arguments the hook is called with (``ConfigurationError`` naming the callback, the hook and the callable)."""
-    import inspect
-
-    from lightning_dfl.errors import ConfigurationError
-
     for hook, fn in vars(callback).items():
         declared = getattr(FederatedCallback, hook, None)
         if not (hook.startswith("on_") and callable(declared) and callable(fn)):

@@ -97,10 +97,11 @@ def check_file(path: str | os.PathLike) -> Path:
     not empty, and opens as a zip archive (its directory only is read). Returns it as a ``Path``."""
     path = Path(path)
     where = repr(str(path))
-    if not path.exists():
+    kind = path_kind(path)
+    if kind == "missing":
         raise CheckpointError(f"no checkpoint at {where}: the path does not exist")
-    if path_kind(path) != "a regular file":  # a FIFO would block the read below
-        raise CheckpointError(f"no checkpoint at {where}: it is {path_kind(path)}, not a regular file")
+    if kind != "a regular file":  # a FIFO would block the read below
+        raise CheckpointError(f"no checkpoint at {where}: it is {kind}, not a regular file")
     with open(path, "rb") as file:
         head = file.read(len(_ZIP_MAGIC))
     if not head:
