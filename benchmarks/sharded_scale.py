@@ -27,16 +27,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from round_time import cpu_description  # this folder's CPU reader (the script's folder is on sys.path)
-
 RESULTS = Path(__file__).resolve().parent / "results"
 GIB = 2 ** 30
+
+
+def cpu_facts() -> dict[str, object]:
+    """The CPU's model name, flags of interest and count (recorded with every figure)."""
+    model, flags = platform.processor(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = [f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma"))]
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cpu_flags": sorted(flags), "cpus": os.cpu_count()}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -124,9 +138,7 @@ def main() -> None:
                   [round(r["peak_rss_gib"], 3) for r in per_rank], flush=True)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"sharded_scale-{args.clients}-{args.arch}.json"
-    cpu, flags = cpu_description()
-    header = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "cpu_flags": flags, "cpus": os.cpu_count(),
-              "clients": args.clients, "arch": args.arch,
+    header = {"date": time.strftime("%Y-%m-%d"), **cpu_facts(), "clients": args.clients, "arch": args.arch,
               "image_size": args.image_size, "rounds": args.rounds, "algorithm": "dispfl M=10, 1 local step"}
     path.write_text(json.dumps({**header, "rows": rows}, indent=1))
     print(f"wrote {path}")
