@@ -91,7 +91,7 @@ def test_a_subclass_that_changes_a_hook_is_told_in_one_warning_which_flags_it_lo
     assert len(lost) == 1, [str(w.message) for w in caught]
     text = str(lost[0].message)
     assert "Mine changes aggregate of DisPFL" in text
-    assert "shardable = True" in text and "reads_only_sources = True" in text
+    assert "shardable = True" in text and "reads_only_sources = True" in text and "partitionable = True" in text
     assert lost[0].filename == __file__  # pointed at the class statement
     assert not Mine.declares("shardable") and not Mine.declares("reads_only_sources")
 
@@ -103,6 +103,7 @@ def test_restating_or_refusing_the_flags_is_silent_and_a_plain_subclass_keeps_th
         class Restated(DisPFL):
             shardable = True
             reads_only_sources = True
+            partitionable = True
 
             def aggregate(self, ctx, messages):
                 return super().aggregate(ctx, messages)
@@ -110,6 +111,7 @@ def test_restating_or_refusing_the_flags_is_silent_and_a_plain_subclass_keeps_th
         class Refused(DisPFL):
             shardable = False
             reads_only_sources = False
+            partitionable = False
 
             def aggregate(self, ctx, messages):
                 return super().aggregate(ctx, messages)

@@ -163,6 +163,7 @@ class CountingDisPFL(DisPFL):
 class RedeclaredDisPFL(CountingDisPFL):
     shardable = True
     reads_only_sources = True
+    partitionable = True
 
 
 class OptedOutDisPFL(DisPFL):
@@ -170,13 +171,13 @@ class OptedOutDisPFL(DisPFL):
 
 
 def test_a_plain_subclass_inherits_the_class_flags():
-    for flag in ("shardable", "reads_only_sources"):
+    for flag in ("shardable", "reads_only_sources", "partitionable"):
         assert RenamedDisPFL.declares(flag) and DisPFL.declares(flag)
     check_shardable(RenamedDisPFL(), [])
 
 
 def test_a_subclass_that_changes_behaviour_declares_the_flags_again():
-    for flag in ("shardable", "reads_only_sources"):
+    for flag in ("shardable", "reads_only_sources", "partitionable"):
         assert not CountingDisPFL.declares(flag)
         assert RedeclaredDisPFL.declares(flag)
     with pytest.raises(ValueError, match="CountingDisPFL cannot shard"):
@@ -195,7 +196,7 @@ def test_the_registered_algorithms_flags_are_their_own_declarations():
 
     for name in ALGORITHMS.names():
         cls = ALGORITHMS.get(name)
-        for flag in ("shardable", "reads_only_sources"):
+        for flag in ("shardable", "reads_only_sources", "partitionable"):
             assert cls.declares(flag) == bool(vars(cls).get(flag, False)), (name, flag)
 
 

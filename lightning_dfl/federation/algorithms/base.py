@@ -27,7 +27,7 @@ from lightning_dfl.hooks import is_overridden
 __all__ = ["Algorithm", "FlagsLostWarning", "TopologyAlgorithm", "RoundContext", "TaskContext", "parallel_plan"]
 
 #: class flags the engine trusts, read with :meth:`Algorithm.declares`
-DECLARED_FLAGS = ("shardable", "reads_only_sources")
+DECLARED_FLAGS = ("shardable", "reads_only_sources", "partitionable")
 #: methods a subclass may define and still inherit :data:`DECLARED_FLAGS`: they set it up or name it,
 #: they change nothing a task does (any other method, a hook or a helper, is a change of behaviour)
 NEUTRAL_METHODS = ("__init__", "validate", "deviations", "label", "run_name", "message_bound", "__repr__")
@@ -82,7 +82,8 @@ class Algorithm:
     Per-client state the algorithm needs lives in the client store as :meth:`state_fields`; its
     own state across rounds in :meth:`state_dict`.
 
-    Flags the engine trusts, :data:`DECLARED_FLAGS` (:attr:`shardable`, :attr:`reads_only_sources`),
+    Flags the engine trusts, :data:`DECLARED_FLAGS` (:attr:`shardable`, :attr:`reads_only_sources`,
+    :attr:`partitionable`),
     are read with :meth:`declares`: a subclass inherits them as ordinary class attributes as long as it
     keeps its parent's behaviour: a plain subclass (new defaults or arguments in ``__init__``, a
     ``name`` or ``title``, :meth:`deviations`, :data:`NEUTRAL_METHODS`) keeps them. A subclass that
@@ -118,6 +119,12 @@ class Algorithm:
     #: compact store frees it (a round then holds fewer than two models per node at its peak). A subclass
     #: that changes behaviour declares it again (see :meth:`declares`)
     reads_only_sources = False
+    #: whether a sharded run may keep on each process only the nodes it owns
+    #: (:mod:`~lightning_dfl.federation.store.partitioned`): true when its hooks read other nodes' models and
+    #: fields only as their tasks' sources (in :meth:`message`), and its evaluations only the shared model
+    #: (:meth:`consensus_sources`) and the evaluated clients' own state; else every process holds every node.
+    #: Read with :meth:`declares`
+    partitionable = False
     #: exchanges (plans) per round: :meth:`plan_round` is called once per exchange with
     #: ``ctx.exchange``; each exchange's published models are what the next one reads (gossip steps)
     exchanges_per_round = 1

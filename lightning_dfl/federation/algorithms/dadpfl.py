@@ -47,6 +47,7 @@ class DADPFL(TopologyAlgorithm):
 
     name = "dadpfl"
     shardable = True  # no state changes inside tasks (its callbacks speak the sharding protocol)
+    partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True
     personal_masks = True
     sends_masks = True

@@ -70,6 +70,7 @@ class DFedAvgM(TopologyAlgorithm):
 
     name = "dfedavgm"
     shardable = True
+    partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", momentum: float = 0.9,

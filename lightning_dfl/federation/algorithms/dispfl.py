@@ -24,6 +24,7 @@ class DisPFL(TopologyAlgorithm):
 
     name = "dispfl"
     shardable = True
+    partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True
     personal_masks = True
     sends_masks = True

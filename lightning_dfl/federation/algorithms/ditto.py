@@ -62,6 +62,7 @@ class Ditto(FedAvg):
     #: FedAvg's flags, declared again for its own hooks: shardable; not reads_only_sources (it reads other models)
     shardable = True
     reads_only_sources = False
+    partitionable = False  # its set-up reads the server's model for every client
     headline = "personal"
 
     def __init__(self, clients_per_round: int = 10, lam: float = 0.5, global_epochs: int | None = 2,

@@ -20,6 +20,7 @@ class DPSGD(TopologyAlgorithm):
 
     name = "dpsgd"
     shardable = True
+    partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True
     headline = "consensus"
 

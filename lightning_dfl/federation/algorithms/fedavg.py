@@ -17,6 +17,7 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
     shardable = True
+    partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True
     num_servers = 1
     headline = "consensus"

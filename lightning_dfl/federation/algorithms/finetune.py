@@ -110,6 +110,7 @@ class FedAvgFT(_FineTuned, FedAvg):
 
     name = "fedavg_ft"
     shardable = True
+    partitionable = True  # its hooks read other nodes as sources only; its fine-tuning the shared model
 
     def __init__(self, clients_per_round: int = 10, finetune_epochs: int | None = None) -> None:
         super().__init__(clients_per_round)
@@ -129,6 +130,7 @@ class DPSGDFT(_FineTuned, DPSGD):
 
     name = "dpsgd_ft"
     shardable = True
+    partitionable = True  # its hooks read other nodes as sources only; its fine-tuning the shared model
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying",
                  finetune_epochs: int | None = None) -> None:

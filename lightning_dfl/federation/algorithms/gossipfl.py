@@ -65,6 +65,7 @@ class GossipFL(Algorithm):
 
     name = "gossipfl"
     shardable = True
+    partitionable = True  # its hooks read other nodes as sources only
     title = "GossipFL"
     reads_only_sources = True
     #: SAPS_FL's defaults: compress_ratio 0.01 and one SGD step per gossip (``trainer.local_steps: 1``)

@@ -11,6 +11,7 @@ class Local(Algorithm):
 
     name = "local"
     shardable = True
+    partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:

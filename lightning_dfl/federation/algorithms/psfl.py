@@ -61,6 +61,7 @@ class PSFL(Algorithm):
 
     name = "psfl"
     shardable = True
+    partitionable = True  # its hooks read other nodes as sources only
     title = "PSFL"
     reads_only_sources = True
     num_servers = 2

@@ -105,6 +105,7 @@ class SubFedAvg(TalliedTasks, FedAvg):
     #: FedAvg's flags, declared again for its own hooks: shardable; not reads_only_sources (it reads other models)
     shardable = True
     reads_only_sources = False
+    partitionable = False  # its evaluation reads every client's mask
     headline = "subnetwork"  # baselines-notes 9: w * m_i on every client's test set
 
     def __init__(self, clients_per_round: int = 10, prune_fraction: float = 0.1, target_density: float = 0.7,

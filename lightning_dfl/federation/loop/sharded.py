@@ -1,13 +1,20 @@
 """Clients sharded across processes: each Fabric process trains some of a plan level's tasks.
 
-Every process holds the whole federation (plan, client store, algorithm and callbacks) and
-plans every round identically. :class:`ShardedExecutor` walks the plan's levels like the serial
-executor; in each level a task runs on its node's owner (node ``k`` on process ``k mod world_size``:
-:mod:`~lightning_dfl.federation.loop.ownership`). After the level:
+Every process holds the plan, algorithm and callbacks and plans every round identically.
+:class:`ShardedExecutor` walks the plan's levels like the serial executor; in each level a task runs on its
+node's owner (node ``k`` on process ``k mod world_size``: :mod:`~lightning_dfl.federation.loop.ownership`).
+The store:
 
-* the store: each task's owner broadcasts what the task wrote (:meth:`ClientStore.task_views`:
-  the published model, masks and fields, the next mask, its private fields), so every process
-  holds every published model before the next level reads it;
+* partitioned (an algorithm that declares ``partitionable``:
+  :class:`~lightning_dfl.federation.store.partitioned.PartitionedStore`): each process holds its own nodes;
+  before a level, each receives the published records its tasks read from their owners, point to point
+  (:func:`~lightning_dfl.federation.exchange.routing.level_routes`); nothing else moves;
+* else replicated: every process holds every node, and after the level each task's owner broadcasts what
+  the task wrote (:meth:`ClientStore.task_views`: the published model, masks and fields, the next mask,
+  its private fields), so every process holds every published model before the next level reads it.
+
+After the level:
+
 * Python state changed inside tasks (a callback's per-round votes, PQI's events, RigL's update
   count, an algorithm's per-task notes) travels as *task deltas*: an object that changes state in
   its task hooks implements the sharding protocol ::
@@ -39,9 +46,11 @@ from torch import Tensor
 
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.exchange.plan import RoundPlan
+from lightning_dfl.federation.exchange.routing import level_routes
 from lightning_dfl.federation.loop.callback_hooks import SHARD_PROTOCOL, defined_hooks, speaks_shard_protocol
 from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.metrics.accounting import RoundAccounting
+from lightning_dfl.federation.store.partitioned import PartitionedStore
 
 if TYPE_CHECKING:
     from lightning_dfl.federation.loop.state import FederationState
@@ -157,7 +166,10 @@ class ShardedExecutor(SerialExecutor):
         own = dataclasses.replace(run, accounting=mine)  # what this process's tasks record
         stateful = self._stateful()
         self.begin_round(plan)
+        partitioned = isinstance(self.state.store, PartitionedStore)
         for level in plan.levels():
+            if partitioned:  # each process receives what its tasks read, from the owners
+                self.state.store.receive(dataclasses.astuple(r) for r in level_routes(level, self.owner))
             before = [obj.shard_snapshot() for obj in stateful]
             deltas: dict[int, list[Any]] = {}
             for position, task in enumerate(level):
@@ -168,7 +180,8 @@ class ShardedExecutor(SerialExecutor):
                 deltas[position] = [obj.shard_delta(m) for obj, m in zip(stateful, marks)]
             for obj, mark in zip(stateful, before):
                 obj.shard_rollback(mark)
-            self._sync_store([task.node for task in level])
+            if not partitioned:
+                self._sync_store([task.node for task in level])
             for task in level:  # every process has the level's models now; none reads the old ones again
                 self.reads_done(task)
             gathered: list[dict[int, list[Any]]] = [{} for _ in range(self.world_size)]

@@ -22,6 +22,7 @@ from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.loop.ownership import Ownership
 from lightning_dfl.federation.loop.worker import Worker
 from lightning_dfl.federation.metrics.evaluation import global_test_metrics, shared_model_metrics
+from lightning_dfl.federation.store.partitioned import PartitionedStore
 from lightning_dfl.federation.store.protocol import ClientStore
 
 __all__ = ["FederationState", "RoundProgress"]
@@ -82,9 +83,15 @@ class FederationState:
         sources = self.algorithm.consensus_sources(self.spec.num_clients)
         if not sources:
             return None
+        pairs = [(s.node, s.fresh) for s in sources]
+        store = self.store
+        if isinstance(store, PartitionedStore):  # the sources, and the first one's mask, come from their owners
+            store.fetch(pairs)
+            mask = store.broadcast_mask(sources[0].node)
+        else:
+            mask = store.mask(sources[0].node)
         # gather gives views and masked_average accumulates source by source: no (K, ...) copy
-        average = masked_average(*self.store.gather([(s.node, s.fresh) for s in sources]))
-        return average, self.store.mask(sources[0].node)
+        return masked_average(*store.gather(pairs)), mask
 
     def consensus_metrics(self) -> dict[str, float]:
         """The shared model (if any) tested on every client's test set (``acc/consensus_*``; each process tests

@@ -226,7 +226,7 @@ class RunDiagnostics:
                 flips = flip_fractions(self._previous_masks, current, store.masked_size())
                 out["diag/mask_flip_fraction"] = float(flips[taking_part].mean())
             self._previous_masks = current
-        if round_idx == self.rounds - 1 and self.folder is not None:
+        if round_idx == self.rounds - 1:  # every process: a partitioned store's masks come from their owners
             if store.masked_names:
                 self._write_jaccard(store, clients, current, round_idx)
             self._write_bytes()
@@ -269,6 +269,8 @@ class RunDiagnostics:
             pairs = diagnostic_pairs(k, round_idx, self.seed)
             for (i, j), v in zip(pairs, jaccard_pairs(packed, pairs).tolist()):
                 matrix[i, j] = matrix[j, i] = v
+        if self.folder is None:  # a process that writes no files
+            return
         write_matrix(self.folder / "mask_jaccard.csv", matrix, "client", fmt="{:.6f}")
 
     def replay(self, previous_log_dir: str | Path, first_round: int) -> None:

@@ -242,7 +242,13 @@ def mean_client_density(store: Any, num_clients: int) -> float:
     size = store.masked_size()
     if not size or not num_clients:
         return 1.0
-    return sum(sum(int(m.sum()) for m in store.mask(k).values()) / size for k in range(num_clients)) / num_clients
+
+    def density(k: int) -> float:
+        return sum(int(m.sum()) for m in store.mask(k).values()) / size
+
+    from_owners = getattr(store, "gather_nodes", None)  # a partitioned store: each process its own clients'
+    values = from_owners(density, range(num_clients)) if from_owners else [density(k) for k in range(num_clients)]
+    return sum(values) / num_clients
 
 
 @dataclass

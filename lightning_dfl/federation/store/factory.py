@@ -7,7 +7,7 @@ every node's initial model and mask.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,6 +20,7 @@ from lightning_dfl.federation.store.compact import CompactClientStore
 from lightning_dfl.federation.store.dense import DenseClientStore
 from lightning_dfl.federation.store.fields import OPTIMIZER_FIELD, OPTIMIZER_STARTED, StateField
 from lightning_dfl.federation.store.memory import check_store_fits, pin_store_memory, resolve_store_device, store_bytes
+from lightning_dfl.federation.store.partitioned import PartitionedStore
 from lightning_dfl.federation.store.protocol import ClientStore
 from lightning_dfl.federation.store.records import FORMAT as COMPACT_FORMAT
 from lightning_dfl.federation.store.records import dense_state_dict
@@ -75,13 +76,15 @@ def state_fields(algorithm: Any, callbacks: list[Any], owner: Any, model: Any) -
     return fields
 
 
-def node_initial_masks(model: Any, personal: bool, seed: int, num_clients: int, num_nodes: int) -> Iterator[Masks]:
-    """Every node's initial mask in node order: with ``personal`` masks a client's own random one (seeded by
-    its index), else the module's. Drawn on a few threads (each client has its own generator, so the masks
-    do not depend on the threads), a few ahead of the node being initialized."""
+def node_initial_masks(model: Any, personal: bool, seed: int, num_clients: int,
+                       nodes: Sequence[int]) -> Iterator[Masks]:
+    """The initial mask of each of ``nodes`` in that order: with ``personal`` masks a client's own random one
+    (seeded by its index), else the module's. Drawn on a few threads (each client has its own generator, so the
+    masks do not depend on the threads), a few ahead of the node being initialized."""
     shared = model.mask.state()
+    nodes = list(nodes)
     if not personal:
-        yield from (shared for _ in range(num_nodes))
+        yield from (shared for _ in nodes)
         return
 
     def draw(node: int) -> Masks:
@@ -91,15 +94,17 @@ def node_initial_masks(model: Any, personal: bool, seed: int, num_clients: int, 
 
     workers = max(1, min(MASK_THREADS, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:
-        for start in range(0, num_nodes, 2 * workers):
-            yield from pool.map(draw, range(start, min(num_nodes, start + 2 * workers)))
+        for start in range(0, len(nodes), 2 * workers):
+            yield from pool.map(draw, nodes[start:start + 2 * workers])
 
 
 def build_store(kind: str, where: str, worker: dict[str, Tensor], model: Any, fields: list[StateField],
                 num_clients: int, num_nodes: int, personal_masks: bool, seed: int, worker_device: torch.device,
-                processes: int) -> ClientStore:
+                processes: int, ownership: Any = None) -> ClientStore | PartitionedStore:
     """The run's client store (``kind``: dense or compact; ``where``: its ``store_device`` setting), checked to
-    fit before it is allocated, every node initialized with its initial mask.
+    fit before it is allocated, every node initialized with its initial mask. With an ``ownership`` of several
+    processes, this process's :class:`~lightning_dfl.federation.store.partitioned.PartitionedStore`: a store of
+    the nodes it owns only (``processes``: those on this machine, for the memory check).
 
     Node k starts from w0 * m_k (DisPFL Alg. 1 line 2; DA-DPFL the same): w0 is the one shared dense
     initialization, the worker's weights before the module's own mask zeroed any
@@ -107,18 +112,23 @@ def build_store(kind: str, where: str, worker: dict[str, Tensor], model: Any, fi
     (with personal masks its own random one; else the module's, and w0 * m_k is the worker's model).
     The store multiplies by the mask, so the weights a client's mask keeps are all w0's (none is zero)
     and two clients agree wherever both masks keep a weight."""
+    partitioned = ownership is not None and ownership.world_size > 1
+    nodes = list(range(ownership.rank, num_nodes, ownership.world_size)) if partitioned else list(range(num_nodes))
+    if not nodes:
+        raise ValueError(f"{ownership.world_size} processes for {num_nodes} nodes (clients plus servers): process "
+                         f"{ownership.rank} would own none; use at most {num_nodes} processes")
     masked, density = list(model.mask.masks), model.mask.density()
-    estimate = store_bytes(kind, worker, masked, num_nodes, density, fields)
+    estimate = store_bytes(kind, worker, masked, len(nodes), density, fields)
     device, reason = resolve_store_device(where, worker_device, estimate)
     if where == "auto" and worker_device.type != "cpu":
         rank_zero_info(f"Client store on {device}: {reason}")
-    check_store_fits(kind, worker, masked, num_nodes, density, device, processes=processes)
-    store = store_class(kind)(worker, masked, num_nodes, device=device, fields=fields,
+    check_store_fits(kind, worker, masked, len(nodes), density, device, processes=processes)
+    store = store_class(kind)(worker, masked, len(nodes), device=device, fields=fields,
                               pin_memory=pin_store_memory(device, worker_device, estimate, processes))
     shared = model.shared_initialization(worker)
-    for node, mask in enumerate(node_initial_masks(model, personal_masks, seed, num_clients, num_nodes)):
-        store.initialize(node, shared, mask)
-    return store
+    for row, mask in enumerate(node_initial_masks(model, personal_masks, seed, num_clients, nodes)):
+        store.initialize(row, shared, mask)
+    return PartitionedStore(store, ownership, num_nodes) if partitioned else store
 
 
 def check_store_state(saved: Mapping[str, Any], layout: StoreLayout) -> None:

@@ -41,7 +41,10 @@ class StoreLayout:
 
     @classmethod
     def of(cls, store: Any) -> StoreLayout:
-        """The layout of a live dense or compact store."""
+        """The layout of a live dense or compact store (a partitioned one: of every node, its ``layout()``)."""
+        whole = getattr(store, "layout", None)
+        if callable(whole):
+            return whole()
         shapes = getattr(store, "shapes", None) or {n: tuple(t.shape[2:]) for n, t in store.weights.items()}
         dtypes = getattr(store, "dtypes", None) or {n: t.dtype for n, t in store.weights.items()}
         return cls(store.num_nodes, {n: tuple(shapes[n]) for n in store.names}, {n: dtypes[n] for n in store.names},

@@ -107,9 +107,12 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
                                     memory_format)
     tensors = {n: t for n, t in model.model.state_dict(keep_vars=False).items() if t.is_floating_point()}
     fields = state_fields(algorithm, callbacks, owner, model)
+    ownership = Ownership.of_fabric(fabric)
+    # several processes: each holds only its own nodes when the algorithm reads others as sources only
+    partition = ownership if type(algorithm).declares("partitionable") else None
     store = build_store(settings.store, settings.store_device, tensors, model, fields, num_clients,
                         num_clients + algorithm.num_servers, algorithm.personal_masks, settings.seed, fabric.device,
-                        fabric.world_size // settings.num_nodes)
+                        fabric.world_size // settings.num_nodes, partition)
     sample_counts = tuple(datamodule.client_train_size(k) for k in range(num_clients))
     planner = RoundPlanner(algorithm, clock, num_clients, settings.rounds, sample_counts, store, settings.seed,
                            settings.dropout, settings.deadline)
@@ -121,7 +124,7 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
                     convert_input=convert_input, step_graphs=graphs)
     state = FederationState(spec=spec, worker=worker, algorithm=algorithm, callbacks=callbacks,
                             call=HookDispatch(owner, callbacks, model), store=store, clock=clock,
-                            progress=RoundProgress(history=history), ownership=Ownership.of_fabric(fabric))
+                            progress=RoundProgress(history=history), ownership=ownership)
     executor = executor_factory(state) if executor_factory is not None else executor_type.create(state, settings)
     algorithm.init_state(store, num_clients)
     return BuiltFederation(fabric, state, planner, executor)

@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_dfl.federation.exchange.messages import PUBLISH_BOUND
 from lightning_dfl.federation.loop.state import FederationState
 from lightning_dfl.federation.store.factory import load_store_state
+from lightning_dfl.federation.store.partitioned import PartitionedStore
 from lightning_dfl.federation.store.saved_state import StoreLayout
 from lightning_dfl.federation.trainer.checkpoint_file import (
     CheckpointError,
@@ -66,12 +67,20 @@ def _identity(federation: FederationState) -> dict[str, Any]:
     return identity
 
 
-def save_checkpoint(federation: FederationState, path: str | os.PathLike) -> Path:
-    """Write the federation's state after round ``federation.progress.round_idx`` to ``path`` atomically."""
+def save_checkpoint(federation: FederationState, path: str | os.PathLike) -> Path | None:
+    """Write the federation's state after round ``federation.progress.round_idx`` to ``path`` atomically.
+
+    With several processes every process calls it and process 0 writes the one file (``None`` elsewhere): a
+    partitioned store gathers every node there first, in one process's format, so that any number of
+    processes can resume from it."""
+    partitioned = isinstance(federation.store, PartitionedStore)
+    store = federation.store.state_dict() if partitioned or federation.ownership.rank == 0 else None
+    if federation.ownership.rank != 0:
+        return None
     return write_state(path, {
         "next_round": federation.progress.round_idx + 1,
         "identity": _identity(federation),
-        "store": federation.store.state_dict(),
+        "store": store,
         "algorithm": federation.algorithm.state_dict(),
         "clock": federation.clock.state_dict(),
         "history": federation.progress.history,
@@ -206,9 +215,16 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
     if type(next_round) is not int or next_round < 1 or next_round != rounds_held:
         raise CheckpointError(f"the checkpoint {str(path)!r} says next_round={next_round!r} but holds the metrics of "
                               f"{rounds_held} rounds: it is damaged or was edited (resume from another checkpoint)")
-    load_store_state(federation.store, state["store"])
-    empty = next((node for node in range(federation.store.num_nodes)
-                  if (masks := federation.store.mask(node)) and not any(bool(m.any()) for m in masks.values())), None)
+    store = federation.store
+    load_store_state(store, state["store"])
+
+    def empty_mask(node: int) -> bool:
+        masks = store.mask(node)
+        return bool(masks) and not any(bool(m.any()) for m in masks.values())
+
+    nodes = range(store.num_nodes)
+    empties = store.gather_nodes(empty_mask, nodes) if isinstance(store, PartitionedStore) else map(empty_mask, nodes)
+    empty = next((node for node, is_empty in zip(nodes, empties) if is_empty), None)
     if empty is not None:
         raise CheckpointError(f"the checkpoint {str(path)!r} holds an empty mask (no active weight in any layer) for "
                               f"node {empty} (client {empty}): it is damaged or was edited (resume from another "

@@ -241,17 +241,28 @@ class FederatedTrainer(TrainerView):
                     mark_in_round(err, round_idx)
                     raise
                 last = round_idx == s.rounds - 1
-                if self.is_global_zero and (stop.requested or (s.checkpoint_every and (
-                        (round_idx + 1) % s.checkpoint_every == 0 or last))):  # every process holds the same state
+                stopping = self._agreed(stop.requested)  # a signal to any process stops them all after this round
+                if stopping or (s.checkpoint_every and ((round_idx + 1) % s.checkpoint_every == 0 or last)):
                     done = f"stopped after round {round_idx + 1} of {s.rounds}"  # a second signal waits for the file
                     with stop.hold(lambda code, done=done: self._interrupted(code, done)):
-                        save_checkpoint(self.federation, self.checkpoint_path)
+                        save_checkpoint(self.federation, self.checkpoint_path)  # process 0 writes
                     self._last_checkpoint = (self.checkpoint_path, round_idx + 1)
                 advance(metrics)
-                if stop.requested and not last:
+                if stopping and not last:
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx + 1} of {s.rounds}")
         self._finish(model, first_round, time.perf_counter() - start)
         return self.summary
+
+    def _agreed(self, requested: bool) -> bool:
+        """Whether any process was asked to stop (one process: ``requested``)."""
+        if self.fabric.world_size == 1:
+            return requested
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(requested)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.federation.ownership.group)
+        return bool(flag)
 
     def _finish(self, model: SparseClassifier, first_round: int, wall_s: float) -> None:
         """The run's summary, the end hooks, the logger's last write and the callbacks' teardown."""
