@@ -6,11 +6,14 @@ DisPFL with M = 10 time-varying neighbours, one local step per client and round,
 
 * ``peak_rss_gib``: the process's peak resident set size (``ru_maxrss``), at the run's end;
 * ``store_gib``: its client store's tensors (``store.nbytes()``);
-* ``broadcast_bytes``: the store state it broadcast as a task's owner (the sharded executor's count); the
-  round's figure counts each broadcast once per receiving process (N - 1), as the routes do;
-* ``routed_bytes``: what a sources-only design would move instead, from the same plans: each source a task's
-  process does not own, once per receiving process (``lightning_dfl.federation.exchange.routing``), times
-  one published model (weights and mask, dense format); the same for every process, so reported once.
+* ``local_nodes``: the nodes its store holds (DisPFL is partitionable: its own, K/N);
+* ``received_bytes``: the published records it received from the owners before the plan levels (the
+  partitioned store's count: weights, mask, value count and published fields, dense format);
+* ``broadcast_bytes``: the store state it broadcast as a task's owner (the replicated design's count: 0 for a
+  partitioned run); the round's figure counts each broadcast once per receiving process (N - 1);
+* ``routed_bytes``: each source a task's process does not own, once per receiving process
+  (``lightning_dfl.federation.exchange.routing``), times one published model (weights and mask, dense
+  format): what the routes predict; the same for every process, so reported once.
 
     python benchmarks/sharded_scale.py --data-root ../shared/data --clients 1000 --arch cnn_cifar \\
         --image-size 32 --processes 1 2 4 --stores dense compact
@@ -91,6 +94,8 @@ def child(args: argparse.Namespace) -> None:
     routed = sum(len(level) for plan in plans
                  for level in plan_routes(plan, lambda node: owner_of(node, processes))) * published
     row = {"rank": rank, "peak_rss_gib": peak / GIB, "store_gib": store.nbytes() / GIB, "wall_s": wall,
+           "store_type": type(store).__name__, "local_nodes": getattr(store, "local", store).num_nodes,
+           "received_bytes": getattr(store, "received_bytes", 0),
            "broadcast_bytes": getattr(trainer.executor, "broadcast_bytes", 0), "routed_bytes": routed,
            "published_model_bytes": published}
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(row))
@@ -132,7 +137,8 @@ def main() -> None:
             row = {"store": store, "processes": n, "wall_s": time.perf_counter() - start, "per_process": per_rank,
                    # each broadcast reaches the N - 1 other processes: bytes received, as the routes count them
                    "broadcast_bytes_per_round": sum(r["broadcast_bytes"] for r in per_rank) * (n - 1) / args.rounds,
-                   "routed_bytes_per_round": per_rank[0]["routed_bytes"] / args.rounds}
+                   "routed_bytes_per_round": per_rank[0]["routed_bytes"] / args.rounds,
+                   "received_bytes_per_round": sum(r["received_bytes"] for r in per_rank) / args.rounds}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "per_process"}),
                   [round(r["peak_rss_gib"], 3) for r in per_rank], flush=True)

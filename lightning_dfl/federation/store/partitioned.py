@@ -58,8 +58,9 @@ class Received:
 
 
 # -- a saved store's rows: which axis of each part holds the nodes ------------------------------------------------
-def _node_axes(state: Mapping[str, Any], specs: Mapping[str, StateField]) -> dict[str, int]:
-    """The axis of the nodes in each stacked part of a saved store (``state_dict()`` of either backend)."""
+def _node_axes(state: Mapping[str, Any]) -> dict[str, int]:
+    """The axis of the nodes in each part of a saved store (``state_dict()`` of either backend) but its fields
+    (axis 1 of a published field's tensors, 0 of a private one's)."""
     if state.get("format") == "compact":
         return {"records": 0, "current_bits": 0, "slot": 0}
     return {"weights": 1, "published_masks": 1, "masks": 0, "slot": 0, "active": 1}
@@ -76,7 +77,7 @@ def _select(value: Any, axis: int, rows: Any) -> Any:
 def node_rows(state: Mapping[str, Any], specs: Mapping[str, StateField], nodes: Sequence[int]) -> dict[str, Any]:
     """A saved store of every node restricted to ``nodes`` (in that order): the state a store of those nodes
     saves (either backend's format)."""
-    axes = _node_axes(state, specs)
+    axes = _node_axes(state)
     out = {key: _select(value, axes[key], list(nodes)) if key in axes else value for key, value in state.items()}
     if "fields" in state:
         out["fields"] = {name: _select(parts, 1 if specs[name].published else 0, list(nodes))
@@ -103,7 +104,7 @@ def interleave_rows(states: list[Mapping[str, Any]], specs: Mapping[str, StateFi
     """The saved store of every node from the saved local stores of ``len(states)`` processes, process ``r``
     holding nodes ``r, r + N, ...`` in order: the state one process's store saves."""
     first, world_size = states[0], len(states)
-    axes = _node_axes(first, specs)
+    axes = _node_axes(first)
     out = {key: _interleave([s[key] for s in states], axes[key], world_size, num_nodes) if key in axes else value
            for key, value in first.items()}
     if "fields" in first:
