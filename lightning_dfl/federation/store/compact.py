@@ -50,7 +50,7 @@ from torch import Tensor
 from lightning_dfl.allocator import release_heap
 from lightning_dfl.deferred import host_reads_are_cheap
 from lightning_dfl.federation.store.fields import StateField
-from lightning_dfl.federation.store.protocol import ClientStore
+from lightning_dfl.federation.store.protocol import ClientStore, gather_published
 from lightning_dfl.federation.store.records import (
     BIT_ORDER,
     FORMAT,
@@ -432,9 +432,7 @@ class CompactClientStore(ClientStore):
 
     def gather(self, sources: list[tuple[int, bool]]) -> tuple[dict[str, list[Tensor]], dict[str, list[Tensor]]]:
         """Several ``(node, fresh)`` sources' weights and published masks, by name, rebuilt dense."""
-        expanded = [self.published(node, fresh) for node, fresh in sources]
-        return ({n: [w[n] for w, _ in expanded] for n in self.names},
-                {n: [m[n] for _, m in expanded] for n in self.masked_names})
+        return gather_published(self, sources)
 
     def active_values(self, node: int, fresh: bool = False) -> int:
         """Values a node's published model sends: active masked entries plus all unmasked entries."""

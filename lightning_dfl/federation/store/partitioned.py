@@ -22,6 +22,7 @@ Any other read of a node this process does not hold is refused, naming the node 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -31,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_dfl.federation.store.fields import ClientState, StateField
-from lightning_dfl.federation.store.protocol import ClientStore
+from lightning_dfl.federation.store.protocol import ClientStore, gather_published
 from lightning_dfl.federation.store.saved_state import StoreLayout
 from lightning_dfl.sparse.masks import Masks
 
@@ -228,9 +229,8 @@ class PartitionedStore:
         return record.weights, record.mask
 
     def gather(self, sources: list[tuple[int, bool]]) -> tuple[dict[str, list[Tensor]], dict[str, list[Tensor]]]:
-        expanded = [self.published(node, fresh) for node, fresh in sources]
-        return ({n: [w[n] for w, _ in expanded] for n in self.names},
-                {n: [m[n] for _, m in expanded] for n in self.masked_names})
+        """Several ``(node, fresh)`` sources' weights and published masks, by name: owned or received."""
+        return gather_published(self, sources)
 
     def active_values(self, node: int, fresh: bool = False) -> int:
         if self.ownership.owns(node):
@@ -274,15 +274,32 @@ class PartitionedStore:
 
     def _record_layout(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
         """Shapes and dtypes of :meth:`_record_tensors`' list (the same for every node)."""
-        shapes = StoreLayout.of(self.local).shapes
-        dtypes = StoreLayout.of(self.local).dtypes
-        layout = [(tuple(shapes[n]), dtypes[n]) for n in self.names]
-        layout += [(tuple(shapes[n]), torch.uint8) for n in self.masked_names]
+        mine = StoreLayout.of(self.local)
+        layout = [(tuple(mine.shapes[n]), mine.dtypes[n]) for n in self.names]
+        layout += [(tuple(mine.shapes[n]), torch.uint8) for n in self.masked_names]
         layout.append(((1,), torch.long))
         for name in self._published_fields:
-            spec_parts = self.local.fields[name]
-            layout += [(tuple(t.shape[2:]), t.dtype) for t in spec_parts.values()]
+            layout += [(tuple(t.shape[2:]), t.dtype) for t in self.local.fields[name].values()]
         return layout
+
+    def _buffers(self, layout: list[tuple[tuple[int, ...], torch.dtype]],
+                 count: int) -> tuple[dict[torch.dtype, Tensor], list[list[Tensor]]]:
+        """One flat buffer per dtype for ``count`` records of ``layout``, and each record's tensors as views of
+        them (what a message between two processes carries, record after record)."""
+        sizes: dict[torch.dtype, int] = {}
+        for shape, dtype in layout:
+            sizes[dtype] = sizes.get(dtype, 0) + math.prod(shape)
+        buffers = {dtype: torch.empty(count * size, dtype=dtype, device=self.device) for dtype, size in sizes.items()}
+        offsets = dict.fromkeys(buffers, 0)
+        records = []
+        for _ in range(count):
+            views = []
+            for shape, dtype in layout:
+                size = math.prod(shape)
+                views.append(buffers[dtype][offsets[dtype]:offsets[dtype] + size].view(shape))
+                offsets[dtype] += size
+            records.append(views)
+        return buffers, records
 
     def _unpack(self, tensors: list[Tensor]) -> Received:
         n_names, n_masked = len(self.names), len(self.masked_names)
@@ -316,34 +333,30 @@ class PartitionedStore:
             pairs.setdefault((sender, receiver), []).append((node, fresh))
         rank, ops, inbound = self.ownership.rank, [], []
         layout = self._record_layout()
-        dtypes = list(dict.fromkeys(dtype for _, dtype in layout))
         for (sender, receiver), records in sorted(pairs.items()):
-            if sender == rank:
-                tensors = [self._record_tensors(node, fresh) for node, fresh in records]
-                for dtype in dtypes:
-                    flat = torch.cat([t.reshape(-1) for rec in tensors for t in rec if t.dtype == dtype])
-                    ops.append(dist.P2POp(dist.isend, flat, receiver, group=self._group()))
-                    self.sent_bytes += flat.numel() * flat.element_size()
-            elif receiver == rank:
-                buffers = {}
-                for dtype in dtypes:
-                    size = len(records) * sum(_numel(shape) for shape, d in layout if d == dtype)
-                    buffers[dtype] = torch.empty(size, dtype=dtype, device=self.device)
-                    ops.append(dist.P2POp(dist.irecv, buffers[dtype], sender, group=self._group()))
-                    self.received_bytes += size * buffers[dtype].element_size()
-                inbound.append((records, buffers))
+            if rank not in (sender, receiver):
+                continue
+            buffers, views = self._buffers(layout, len(records))
+            if sender == rank:  # each record copied in as it is read (a compact record is rebuilt one at a time)
+                for (node, fresh), record in zip(records, views):
+                    for view, tensor in zip(record, self._record_tensors(node, fresh)):
+                        view.copy_(tensor.reshape(view.shape))
+            else:
+                inbound.append((records, views))
+            for flat in buffers.values():
+                ops.append(dist.P2POp(dist.isend if sender == rank else dist.irecv, flat,
+                                      receiver if sender == rank else sender, group=self._group()))
+                nbytes = flat.numel() * flat.element_size()
+                if sender == rank:
+                    self.sent_bytes += nbytes
+                else:
+                    self.received_bytes += nbytes
         if ops:
             for request in dist.batch_isend_irecv(ops):
                 request.wait()
-        for records, buffers in inbound:
-            offsets = dict.fromkeys(buffers, 0)
-            for node, fresh in records:
-                tensors = []
-                for shape, dtype in layout:
-                    size = _numel(shape)
-                    tensors.append(buffers[dtype][offsets[dtype]:offsets[dtype] + size].view(shape))
-                    offsets[dtype] += size
-                self._inbox[(node, fresh)] = self._unpack(tensors)
+        for records, views in inbound:
+            for (node, fresh), record in zip(records, views):
+                self._inbox[(node, fresh)] = self._unpack(record)
 
     def fetch(self, sources: Iterable[tuple[int, bool]]) -> None:
         """Bring the ``(node, fresh)`` sources' records to every process (a collective; the shared model's
@@ -359,8 +372,7 @@ class PartitionedStore:
         if owner == self.ownership.rank:
             mask = {n: m.clone() for n, m in self.mask(node).items()}
         else:
-            shapes = StoreLayout.of(self.local).shapes
-            mask = {n: torch.empty(tuple(shapes[n]), dtype=torch.bool, device=self.device) for n in self.masked_names}
+            mask = {n: torch.empty(t.shape, dtype=torch.bool, device=self.device) for n, t in self.local.mask(0).items()}
         for n in self.masked_names:
             dist.broadcast(mask[n].view(torch.uint8), src=_global_rank(self.ownership.group, owner),
                            group=self._group())
@@ -412,13 +424,6 @@ class PartitionedStore:
         load_store_state(self.local, node_rows(state, self.field_specs, self.owned_nodes()))
         self._inbox.clear()
         self._delivered.clear()
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _global_rank(group: Any, rank: int) -> int:

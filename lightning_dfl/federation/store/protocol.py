@@ -37,10 +37,19 @@ from lightning_dfl.federation.store.fields import ClientState, DeclaredFields, S
 from lightning_dfl.federation.store.saved_state import StoreLayout
 from lightning_dfl.sparse.masks import Masks
 
-__all__ = ["ClientStore", "FieldPairs"]
+__all__ = ["ClientStore", "FieldPairs", "gather_published"]
 
 #: a checkpoint's tensors paired with a store's, by what they are: ``(what, mine, theirs)``
 FieldPairs = list[tuple[str, dict[str, Tensor], Mapping[str, Tensor]]]
+
+
+def gather_published(store: Any, sources: list[tuple[int, bool]]) -> tuple[dict[str, list[Tensor]],
+                                                                           dict[str, list[Tensor]]]:
+    """:meth:`ClientStore.gather` from ``store.published`` of each ``(node, fresh)`` source, by name (for stores
+    that rebuild each source's tensors: the compact one, the partitioned one)."""
+    expanded = [store.published(node, fresh) for node, fresh in sources]
+    return ({n: [w[n] for w, _ in expanded] for n in store.names},
+            {n: [m[n] for _, m in expanded] for n in store.masked_names})
 
 
 class ClientStore(ABC):
