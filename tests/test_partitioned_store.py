@@ -157,3 +157,100 @@ def test_each_process_of_a_two_process_run_holds_only_its_own_clients(tmp_path, 
         assert sum(r["nbytes"] for r in ranks) == pytest.approx(one["nbytes"], rel=0.05)
     assert ranks[0]["other_read"].startswith("the current mask of node 1 is held by process 1")
     assert ranks[1]["other_read"].startswith("the current mask of node 0 is held by process 0")
+
+
+RECEIVE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    import torch.distributed as dist
+    sys.path.insert(0, sys.argv[4])
+    from test_partitioned_store import special_store
+    from lightning_dfl.federation.loop.ownership import Ownership
+    from lightning_dfl.federation.store import CompactClientStore, DenseClientStore
+    from lightning_dfl.federation.store.factory import load_store_state
+    from lightning_dfl.federation.store.partitioned import PartitionedStore, node_rows
+
+    rank, kind, init = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    cls = CompactClientStore if kind == "compact" else DenseClientStore
+    whole = special_store(cls)
+    own = Ownership(rank=rank, world_size=2)
+    owned = list(range(rank, whole.num_nodes, 2))
+    from test_partitioned_store import TEMPLATE, FIELDS
+    local = cls(TEMPLATE, ["w"], len(owned), fields=FIELDS)
+    load_store_state(local, node_rows(whole.state_dict(), whole.field_specs, owned))
+    store = PartitionedStore(local, own, whole.num_nodes)
+    others = [k for k in range(whole.num_nodes) if k % 2 != rank]
+    routes = [(k, False, k % 2, rank) for k in others] + [(k, False, rank, 1 - rank) for k in owned]
+    store.receive(sorted(routes, key=lambda r: r[0]))
+    exact = []
+    for k in others:
+        mine, theirs = store.published(k), whole.published(k)
+        exact.append(all(torch.equal(mine[0][n].view(torch.int32), theirs[0][n].view(torch.int32)) for n in TEMPLATE)
+                     and all(torch.equal(mine[1][n], theirs[1][n]) for n in ["w"])
+                     and store.active_values(k) == whole.active_values(k)
+                     and float(store.read(k, "shared")) == float(whole.read(k, "shared")))
+    held = store.nbytes() - local.nbytes()
+    store.receive(sorted(routes, key=lambda r: r[0]))  # held already: nothing moves again
+    again = store.received_bytes
+    store.keep_only([(rank, others[0], False)])
+    kept = sorted(k for k, _ in store._inbox)
+    dist.destroy_process_group()
+    print(json.dumps({"exact": exact, "held": held, "received": again, "kept": kept}))
+""")
+
+
+def special_store(cls):
+    """:func:`_filled` with one node's inactive zeros ``-0.0`` (a bare ``p.mul_(mask)``) and another's value
+    outside its mask (a server's model): what a compact record keeps beyond the active values."""
+    store, g = _filled(cls), torch.Generator().manual_seed(1)
+    mask = {"w": torch.tensor([[True, False, True, False]] * 3)}
+    negative = {"w": torch.where(mask["w"], torch.randn(3, 4, generator=g), torch.tensor(-0.0)),
+                "b": torch.randn(3, generator=g)}
+    leaking = {"w": torch.randn(3, 4, generator=g), "b": torch.randn(3, generator=g)}
+    for k, weights in ((1, negative), (3, leaking)):
+        store.publish(k, weights, mask, {"shared": float(k)})
+    store.end_round()
+    return store
+
+
+@pytest.mark.parametrize("kind", ["dense", "compact"])
+def test_a_received_record_is_the_owner_s_bit_for_bit_and_a_compact_one_travels_compact(tmp_path, kind):
+    assert torch.signbit(special_store(CompactClientStore).published(1)[0]["w"][:, 1]).all()  # -0.0 kept
+    script = tmp_path / "receive.py"
+    script.write_text(RECEIVE_SCRIPT)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    here = str(__import__("pathlib").Path(__file__).parent)
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), kind, init, here], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    rows = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    assert [all(r["exact"]) for r in rows] == [True, True] and [len(r["exact"]) for r in rows] == [2, 3]
+    dense_record = 4 * (12 + 3) + 12 + 4  # float32 weights, mask bytes, the published field
+    if kind == "dense":
+        assert [r["held"] for r in rows] == [2 * dense_record, 3 * dense_record]
+    else:  # node 1: 6 active values of w, b, 2 bytes of mask bits, 1 of zero signs, the field; node 3's w whole
+        assert rows[0]["held"] == (4 * (6 + 3) + 2 + 1 + 4) + (4 * (12 + 3) + 2 + 4)
+        assert rows[1]["held"] < 3 * dense_record
+    # what was received is held, and the value counts (8 bytes each); the second receive moved nothing
+    assert [r["received"] for r in rows] == [rows[0]["held"] + 2 * 8, rows[1]["held"] + 3 * 8]
+    assert [r["kept"] for r in rows] == [[1], [0]]
+
+
+def test_tasks_per_receive_is_refused_on_one_process_and_for_a_replicated_algorithm():
+    from lightning_dfl.datamodules import FederatedDataModule
+    from lightning_dfl.federation import FederatedTrainer
+    from lightning_dfl.federation.algorithms import BEER
+    from lightning_dfl.module import SparseClassifier
+
+    with pytest.raises(ValueError, match=r"tasks_per_receive=4 bounds what each of several processes receives at a "
+                                         r"time, but this run has one process"):
+        FederatedTrainer(tasks_per_receive=4, accelerator="cpu", logger=False)
+    with pytest.raises(ValueError, match=r"tasks_per_receive \(None: a whole plan level's sources at once\) must be"):
+        FederatedTrainer(tasks_per_receive=0, devices=2, accelerator="cpu", logger=False)
+    trainer = FederatedTrainer(algorithm=BEER(), tasks_per_receive=4, devices=2, accelerator="cpu", logger=False,
+                               enable_progress_bar=False)
+    with pytest.raises(ValueError, match="tasks_per_receive=4 bounds the sources each process receives from a "
+                                         "partitioned store, but BEER keeps every node on every process"):
+        trainer.fit(SparseClassifier("cnn_digits"), FederatedDataModule(dataset="digits", num_clients=4))

@@ -139,8 +139,15 @@ class ShardedExecutor(SerialExecutor):
         """:func:`check_shardable`."""
         check_shardable(algorithm, callbacks)
 
-    def __init__(self, state: FederationState) -> None:
+    @classmethod
+    def create(cls, state: FederationState, settings: Any) -> ShardedExecutor:
+        """The sharded executor with the settings' ``tasks_per_receive``."""
+        return cls(state, settings.tasks_per_receive)
+
+    def __init__(self, state: FederationState, tasks_per_receive: int | None = None) -> None:
         super().__init__(state)
+        #: with a partitioned store, the tasks per process whose sources are received at a time (None: a level's)
+        self.tasks_per_receive = tasks_per_receive
         ownership = state.ownership
         if ownership.world_size != state.worker.fabric.world_size:
             raise ValueError(f"the federation's ownership spans {ownership.world_size} process(es), Fabric runs "
@@ -168,16 +175,18 @@ class ShardedExecutor(SerialExecutor):
         self.begin_round(plan)
         partitioned = isinstance(self.state.store, PartitionedStore)
         for level in plan.levels():
-            if partitioned:  # each process receives what its tasks read, from the owners
-                self.state.store.receive(dataclasses.astuple(r) for r in level_routes(level, self.owner))
             before = [obj.shard_snapshot() for obj in stateful]
             deltas: dict[int, list[Any]] = {}
-            for position, task in enumerate(level):
-                if self.owner(task.node) != self.rank:
-                    continue
-                marks = [obj.shard_snapshot() for obj in stateful]
-                self.run_task(task, own)
-                deltas[position] = [obj.shard_delta(m) for obj, m in zip(stateful, marks)]
+            for chunk in self._chunks(level):
+                if partitioned:  # each process receives what its tasks read, from the owners
+                    self._receive([level[position] for position in chunk])
+                for position in chunk:
+                    task = level[position]
+                    if self.owner(task.node) != self.rank:
+                        continue
+                    marks = [obj.shard_snapshot() for obj in stateful]
+                    self.run_task(task, own)
+                    deltas[position] = [obj.shard_delta(m) for obj, m in zip(stateful, marks)]
             for obj, mark in zip(stateful, before):
                 obj.shard_rollback(mark)
             if not partitioned:
@@ -198,6 +207,31 @@ class ShardedExecutor(SerialExecutor):
             for transfer in log:
                 run.accounting.transfer(*transfer, notify=rank != self.rank)  # the owner told its own in its task
         return run.accounting
+
+    def _chunks(self, level: list[Any]) -> list[list[int]]:
+        """The level's task positions in the groups whose sources are received together: all at once, or
+        (``tasks_per_receive``) group ``i`` holds each process's ``i``-th run of that many of its tasks; every
+        process runs its own tasks in level order either way."""
+        if self.tasks_per_receive is None:
+            return [list(range(len(level)))]
+        size = self.tasks_per_receive
+        chunks: list[list[int]] = []
+        for rank in range(self.world_size):
+            mine = [position for position, task in enumerate(level) if self.owner(task.node) == rank]
+            for i in range(0, len(mine), size):
+                if len(chunks) <= i // size:
+                    chunks.append([])
+                chunks[i // size].extend(mine[i:i + size])
+        return [sorted(chunk) for chunk in chunks]
+
+    def _receive(self, tasks: list[Any]) -> None:
+        """Every process receives the sources ``tasks`` read from their owners (:meth:`PartitionedStore.receive`);
+        with ``tasks_per_receive``, it first frees what it received for earlier tasks and these do not read."""
+        store = self.state.store
+        routes = level_routes(tasks, self.owner)
+        if self.tasks_per_receive is not None:
+            store.keep_only((r.receiver, r.node, r.fresh) for r in routes)
+        store.receive(dataclasses.astuple(r) for r in routes)
 
     @torch.no_grad()
     def _sync_store(self, nodes: list[int]) -> None:

@@ -430,6 +430,16 @@ class CompactClientStore(ClientStore):
         dense; read-only."""
         return self._expand(self._latest(node, fresh))
 
+    def published_record(self, node: int, fresh: bool = False) -> dict[str, Any]:
+        """A node's published record as it is kept (``values``, ``bits``, ``neg`` by parameter and ``active``;
+        the module docstring): read-only, shared with the store (what a partitioned store sends)."""
+        return self._latest(node, fresh)
+
+    def expand_record(self, record: Mapping[str, Any]) -> tuple[dict[str, Tensor], Masks]:
+        """A record of this store's layout (:meth:`published_record`'s, from any process) rebuilt dense:
+        weights and mask by name, as :meth:`published` gives them."""
+        return self._expand(record)
+
     def gather(self, sources: list[tuple[int, bool]]) -> tuple[dict[str, list[Tensor]], dict[str, list[Tensor]]]:
         """Several ``(node, fresh)`` sources' weights and published masks, by name, rebuilt dense."""
         return gather_published(self, sources)

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_dfl.federation.store.compact import CompactClientStore
 from lightning_dfl.federation.store.fields import ClientState, StateField
 from lightning_dfl.federation.store.protocol import ClientStore, gather_published
 from lightning_dfl.federation.store.saved_state import StoreLayout
@@ -44,15 +45,20 @@ T = TypeVar("T")
 @dataclass
 class Received:
     """A published record received from its owner: weights and published mask by name (views into the message
-    buffers), its value count and its published fields (a tensor, or a dict by parameter)."""
+    buffers) or, from a compact store, its record as kept; its value count and its published fields (a tensor, or
+    a dict by parameter)."""
 
     weights: dict[str, Tensor]
     mask: dict[str, Tensor]
     active: int
     fields: dict[str, Tensor | dict[str, Tensor]]
+    #: a compact owner's record as it keeps it (``weights`` and ``mask`` are then empty: rebuilt on read)
+    record: dict[str, Any] | None = None
 
     def nbytes(self) -> int:
         tensors = [*self.weights.values(), *self.mask.values()]
+        if self.record is not None:
+            tensors += [t for part in ("values", "bits", "neg") for t in self.record[part].values()]
         for value in self.fields.values():
             tensors += list(value.values()) if isinstance(value, dict) else [value]
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -133,6 +139,7 @@ class PartitionedStore:
         #: ``(receiver, node, fresh)`` of every record some process holds in its inbox (known to every process)
         self._delivered: set[tuple[int, int, bool]] = set()
         self._published_fields = [n for n, s in local.field_specs.items() if s.published]
+        self._local_layout: StoreLayout | None = None  # the local store's (cached: the same until a field is declared)
         #: bytes of records this process has sent and received, over the run
         self.sent_bytes = self.received_bytes = 0
 
@@ -176,6 +183,7 @@ class PartitionedStore:
 
     def declare(self, spec: StateField, template: Mapping[str, Tensor]) -> None:
         self.local.declare(spec, template)
+        self._local_layout = None
         self._published_fields = [n for n, s in self.local.field_specs.items() if s.published]
 
     def read(self, node: int, name: str, fresh: bool = False) -> Tensor | dict[str, Tensor]:
@@ -226,6 +234,8 @@ class PartitionedStore:
         if self.ownership.owns(node):
             return self.local.published(self._row(node, "the model"), fresh)
         record = self._received(node, fresh)
+        if record.record is not None:
+            return self.local.expand_record(record.record)
         return record.weights, record.mask
 
     def gather(self, sources: list[tuple[int, bool]]) -> tuple[dict[str, list[Tensor]], dict[str, list[Tensor]]]:
@@ -260,63 +270,109 @@ class PartitionedStore:
         return StoreLayout(self.num_nodes, mine.shapes, mine.dtypes, mine.masked_names, fields)
 
     # -- moving records between processes ----------------------------------------------------------------------
+    # A record travels in its owner's store format: dense (every weight, the mask as bytes) or compact (the
+    # active values, packed mask bits and zero signs as kept: values sized by the mask, so a header of sizes goes
+    # first); then its value count and published fields. Each record has its own buffers (one per dtype), so a
+    # received record is freed on its own.
+    def _compact(self) -> bool:
+        return isinstance(self.local, CompactClientStore)
+
+    def _header_width(self) -> int:
+        """Sizes sent ahead of each record: a compact record's value count per parameter and zero-sign bytes per
+        masked one (none for a dense record: its layout is fixed)."""
+        return len(self.names) + len(self.masked_names) if self._compact() else 0
+
+    def _header(self, node: int, fresh: bool) -> list[int]:
+        record = self.local.published_record(self._row(node, "the model"), fresh)
+        return ([record["values"][n].numel() for n in self.names]
+                + [record["neg"][n].numel() if n in record["neg"] else 0 for n in self.masked_names])
+
     def _record_tensors(self, node: int, fresh: bool) -> list[Tensor]:
-        """An owned node's published record as a fixed list of tensors (bool masks as uint8)."""
+        """An owned node's published record as the list of tensors its message carries (:meth:`_wire_layout`)."""
         row = self._row(node, "the model")
-        weights, mask = self.local.published(row, fresh)
-        tensors = [weights[n] for n in self.names]
-        tensors += [mask[n].view(torch.uint8) for n in self.masked_names]
+        if self._compact():
+            record = self.local.published_record(row, fresh)
+            empty = torch.empty(0, dtype=torch.uint8, device=self.device)
+            tensors = [record["values"][n] for n in self.names]
+            tensors += [record["bits"][n] for n in self.masked_names]
+            tensors += [record["neg"].get(n, empty) for n in self.masked_names]
+        else:
+            weights, mask = self.local.published(row, fresh)
+            tensors = [weights[n] for n in self.names]
+            tensors += [mask[n].view(torch.uint8) for n in self.masked_names]
         tensors.append(torch.tensor([self.local.active_values(row, fresh)], dtype=torch.long, device=self.device))
         for name in self._published_fields:
             value = self.local.read(row, name, fresh)
             tensors += list(value.values()) if isinstance(value, dict) else [value]
         return tensors
 
-    def _record_layout(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """Shapes and dtypes of :meth:`_record_tensors`' list (the same for every node)."""
-        mine = StoreLayout.of(self.local)
-        layout = [(tuple(mine.shapes[n]), mine.dtypes[n]) for n in self.names]
-        layout += [(tuple(mine.shapes[n]), torch.uint8) for n in self.masked_names]
+    def _wire_layout(self, header: Sequence[int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """Shapes and dtypes of a record's message (:meth:`_record_tensors`), given its :meth:`_header`."""
+        if self._local_layout is None:
+            self._local_layout = StoreLayout.of(self.local)
+        mine = self._local_layout
+        if self._compact():
+            counts, signs = header[:len(self.names)], header[len(self.names):]
+            layout = [((int(c),), mine.dtypes[n]) for n, c in zip(self.names, counts)]
+            layout += [((math.ceil(math.prod(mine.shapes[n]) / 8),), torch.uint8) for n in self.masked_names]
+            layout += [((int(c),), torch.uint8) for c in signs]
+        else:
+            layout = [(tuple(mine.shapes[n]), mine.dtypes[n]) for n in self.names]
+            layout += [(tuple(mine.shapes[n]), torch.uint8) for n in self.masked_names]
         layout.append(((1,), torch.long))
         for name in self._published_fields:
             layout += [(tuple(t.shape[2:]), t.dtype) for t in self.local.fields[name].values()]
         return layout
 
-    def _buffers(self, layout: list[tuple[tuple[int, ...], torch.dtype]],
-                 count: int) -> tuple[dict[torch.dtype, Tensor], list[list[Tensor]]]:
-        """One flat buffer per dtype for ``count`` records of ``layout``, and each record's tensors as views of
-        them (what a message between two processes carries, record after record)."""
+    def _buffers(self, layout: list[tuple[tuple[int, ...], torch.dtype]]) -> tuple[list[Tensor], list[Tensor]]:
+        """One flat buffer per dtype for a record of ``layout`` (what its message carries) and the record's
+        tensors as views of them."""
         sizes: dict[torch.dtype, int] = {}
         for shape, dtype in layout:
             sizes[dtype] = sizes.get(dtype, 0) + math.prod(shape)
-        buffers = {dtype: torch.empty(count * size, dtype=dtype, device=self.device) for dtype, size in sizes.items()}
+        buffers = {dtype: torch.empty(size, dtype=dtype, device=self.device) for dtype, size in sizes.items()}
         offsets = dict.fromkeys(buffers, 0)
-        records = []
-        for _ in range(count):
-            views = []
-            for shape, dtype in layout:
-                size = math.prod(shape)
-                views.append(buffers[dtype][offsets[dtype]:offsets[dtype] + size].view(shape))
-                offsets[dtype] += size
-            records.append(views)
-        return buffers, records
+        views = []
+        for shape, dtype in layout:
+            size = math.prod(shape)
+            views.append(buffers[dtype][offsets[dtype]:offsets[dtype] + size].view(shape))
+            offsets[dtype] += size
+        return list(buffers.values()), views
 
     def _unpack(self, tensors: list[Tensor]) -> Received:
         n_names, n_masked = len(self.names), len(self.masked_names)
-        weights = dict(zip(self.names, tensors[:n_names]))
-        mask = {n: t.view(torch.bool) for n, t in zip(self.masked_names, tensors[n_names:n_names + n_masked])}
-        active = int(tensors[n_names + n_masked])
+        record = None
+        if self._compact():
+            at = n_names + 2 * n_masked
+            values = dict(zip(self.names, tensors[:n_names]))
+            bits = dict(zip(self.masked_names, tensors[n_names:n_names + n_masked]))
+            neg = {n: t for n, t in zip(self.masked_names, tensors[n_names + n_masked:at]) if t.numel()}
+            record = {"values": values, "bits": bits, "neg": neg}
+            weights: dict[str, Tensor] = {}
+            mask: dict[str, Tensor] = {}
+        else:
+            at = n_names + n_masked
+            weights = dict(zip(self.names, tensors[:n_names]))
+            mask = {n: t.view(torch.bool) for n, t in zip(self.masked_names, tensors[n_names:at])}
+        active = int(tensors[at])
         fields: dict[str, Tensor | dict[str, Tensor]] = {}
-        at = n_names + n_masked + 1
+        at += 1
         for name in self._published_fields:
             parts = list(self.local.fields[name])
             values = dict(zip(parts, tensors[at:at + len(parts)]))
             fields[name] = values[""] if self.field_specs[name].like is None else values
             at += len(parts)
-        return Received(weights, mask, active, fields)
+        if record is not None:
+            record["active"] = active
+        return Received(weights, mask, active, fields, record)
 
     def _group(self) -> Any:
         return None if self.device.type != "cpu" else self.ownership.group
+
+    def _exchange(self, ops: list[Any]) -> None:
+        if ops:
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
 
     @torch.no_grad()
     def receive(self, routes: Iterable[tuple[int, bool, int, int]]) -> None:
@@ -331,32 +387,52 @@ class PartitionedStore:
                 continue
             self._delivered.add(key)
             pairs.setdefault((sender, receiver), []).append((node, fresh))
-        rank, ops, inbound = self.ownership.rank, [], []
-        layout = self._record_layout()
-        for (sender, receiver), records in sorted(pairs.items()):
-            if rank not in (sender, receiver):
-                continue
-            buffers, views = self._buffers(layout, len(records))
-            if sender == rank:  # each record copied in as it is read (a compact record is rebuilt one at a time)
-                for (node, fresh), record in zip(records, views):
-                    for view, tensor in zip(record, self._record_tensors(node, fresh)):
-                        view.copy_(tensor.reshape(view.shape))
-            else:
-                inbound.append((records, views))
-            for flat in buffers.values():
-                ops.append(dist.P2POp(dist.isend if sender == rank else dist.irecv, flat,
+        rank = self.ownership.rank
+        mine = [(pair, records) for pair, records in sorted(pairs.items()) if rank in pair]
+        width = self._header_width()
+        headers: dict[tuple[int, int], Tensor] = {}
+        ops: list[Any] = []
+        for (sender, receiver), records in mine:  # the sizes of variable records first
+            header = torch.zeros((len(records), width), dtype=torch.long, device=self.device)
+            if sender == rank and width:
+                header.copy_(torch.tensor([self._header(node, fresh) for node, fresh in records],
+                                          dtype=torch.long).view(header.shape))
+            headers[(sender, receiver)] = header
+            if width:
+                ops.append(dist.P2POp(dist.isend if sender == rank else dist.irecv, header,
                                       receiver if sender == rank else sender, group=self._group()))
-                nbytes = flat.numel() * flat.element_size()
-                if sender == rank:
-                    self.sent_bytes += nbytes
+        self._exchange(ops)
+        ops, inbound = [], []
+        for (sender, receiver), records in mine:
+            sizes = headers[(sender, receiver)].tolist()
+            for (node, fresh), header in zip(records, sizes):
+                buffers, views = self._buffers(self._wire_layout(header))
+                if sender == rank:  # each record copied in as it is read
+                    for view, tensor in zip(views, self._record_tensors(node, fresh)):
+                        view.copy_(tensor.reshape(view.shape))
                 else:
-                    self.received_bytes += nbytes
-        if ops:
-            for request in dist.batch_isend_irecv(ops):
-                request.wait()
-        for records, views in inbound:
-            for (node, fresh), record in zip(records, views):
-                self._inbox[(node, fresh)] = self._unpack(record)
+                    inbound.append((node, fresh, views))
+                for flat in buffers:
+                    ops.append(dist.P2POp(dist.isend if sender == rank else dist.irecv, flat,
+                                          receiver if sender == rank else sender, group=self._group()))
+                    nbytes = flat.numel() * flat.element_size()
+                    if sender == rank:
+                        self.sent_bytes += nbytes
+                    else:
+                        self.received_bytes += nbytes
+        self._exchange(ops)
+        for node, fresh, views in inbound:
+            self._inbox[(node, fresh)] = self._unpack(views)
+
+    def keep_only(self, needed: Iterable[tuple[int, int, bool]]) -> None:
+        """Forget every received record but the ``(receiver, node, fresh)`` ones in ``needed`` (this process's
+        inbox frees the others; a later :meth:`receive` sends them again). Every process calls it with the same
+        ``needed``, so that all agree on what each holds."""
+        needed = set(needed)
+        self._delivered &= needed
+        rank = self.ownership.rank
+        for key in [k for k in self._inbox if (rank, *k) not in needed]:
+            del self._inbox[key]
 
     def fetch(self, sources: Iterable[tuple[int, bool]]) -> None:
         """Bring the ``(node, fresh)`` sources' records to every process (a collective; the shared model's

@@ -77,6 +77,10 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
     fabric = Fabric(**settings.fabric_kwargs(), callbacks=[model])
     executor_type = executor_for(settings)  # its checks hold with an executor_factory too
     executor_type.check_run(algorithm, callbacks)  # before any process starts
+    if settings.tasks_per_receive is not None and not type(algorithm).declares("partitionable"):
+        raise ValueError(f"tasks_per_receive={settings.tasks_per_receive!r} bounds the sources each process receives "
+                         f"from a partitioned store, but {type(algorithm).__name__} keeps every node on every process "
+                         "(partitionable = False: docs/devices.md); leave it None (null)")
     check_machines_meet(settings.num_nodes, getattr(fabric.strategy, "cluster_environment", None), os.environ)
     if fabric.world_size > 1:  # clients sharded across processes
         fabric.launch()

@@ -96,6 +96,7 @@ class RunSettings:
     diag_every: int = 1
     batched_clients: bool = False
     batched_group_size: int | None = None
+    tasks_per_receive: int | None = None
     memory_format: str = "auto"
     matmul_precision: str = "auto"
     benchmark: bool | None = None
@@ -142,6 +143,12 @@ class RunSettings:
                 raise ValueError(f"batched_group_size={self.batched_group_size!r} sizes the groups of batched clients, "
                                  "but batched_clients is false: set batched_clients=True, or leave batched_group_size "
                                  "None (null)")
+        if self.tasks_per_receive is not None:
+            check_int("tasks_per_receive (None: a whole plan level's sources at once)", self.tasks_per_receive, 1)
+            if self.world_size == 1:
+                raise ValueError(f"tasks_per_receive={self.tasks_per_receive!r} bounds what each of several processes "
+                                 "receives at a time, but this run has one process (devices x num_nodes = 1): leave "
+                                 "it None (null), or run on several processes")
         check_bool("tune_allocator", self.tune_allocator)
         check_memory_format(self.memory_format)
         check_matmul_precision(self.matmul_precision)

@@ -97,6 +97,10 @@ class FederatedTrainer(TrainerView):
             (ResNet18, VGG11, the CNNs; BatchNorm's running statistics are stacked per client).
         batched_group_size: with ``batched_clients``, at most this many clients per batched step; ``None``
             (default): as many as fit in a share of the device's free memory, measured on the first task's batch.
+        tasks_per_receive: on several processes with a partitioned store (docs/devices.md), each process receives
+            the sources of at most this many of its tasks at a time and frees them before the next ones arrive
+            (a record read by tasks in several such groups is sent again); ``None`` (default): a whole plan level's
+            sources at once. The same results; less memory, more traffic.
         memory_format: the layout of 4-D weights and batches: ``"auto"`` (channels-last for models with 2-D
             convolutions: faster kernels; other rounding), ``"channels_last"`` or ``"contiguous"`` (NCHW).
         matmul_precision: ``torch.set_float32_matmul_precision``: ``"auto"`` (``"high"``, TF32, on GPUs with
@@ -140,6 +144,7 @@ class FederatedTrainer(TrainerView):
         diag_every: int = 1,
         batched_clients: bool = False,
         batched_group_size: int | None = None,
+        tasks_per_receive: int | None = None,
         memory_format: str = "auto",
         matmul_precision: str = "auto",
         benchmark: bool | None = None,
