@@ -21,13 +21,13 @@ DisPFL with M = 10 time-varying neighbours, one local step per client and round,
 sources at once) and 10 (each process receives the sources of 10 of its tasks at a time).
 
     python benchmarks/sharded_scale.py --data-root ../shared/data --clients 1000 --arch cnn_cifar \\
-        --image-size 32 --processes 1 2 4 --stores dense compact --tasks-per-receive 0 10
+        --image-size 32 --processes 1 2 4 --stores compact dense --tasks-per-receive 0 10 --tag partitioned
     python benchmarks/sharded_scale.py --data-root ../shared/data --clients 10000 --arch cnn_digits \\
-        --image-size 8 --processes 4 --stores compact
+        --image-size 8 --processes 4 --stores compact --tasks-per-receive 10 --tag partitioned
     python benchmarks/sharded_scale.py --data-root ../shared/data --clients 100 --arch cnn_cifar \\
         --image-size 32 --processes 2 4 --rounds 3 --stores dense     # the traffic comparison
 
-Results go to ``benchmarks/results/sharded_scale-<clients>-<arch>.json`` with the CPU's flags.
+Results go to ``benchmarks/results/sharded_scale-<clients>-<arch>[-<tag>].json`` with the CPU's flags.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def main() -> None:
     parser.add_argument("--stores", nargs="+", default=["dense", "compact"], choices=("dense", "compact"))
     parser.add_argument("--tasks-per-receive", type=int, nargs="+", default=[0],
                         help="the trainer's tasks_per_receive for the runs on several processes (0: None)")
+    parser.add_argument("--tag", default="", help="appended to the results file's name")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--store", default="dense", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -159,7 +160,7 @@ def main() -> None:
         print(json.dumps({k: v for k, v in row.items() if k != "per_process"}),
               [round(r["peak_rss_gib"], 3) for r in per_rank], flush=True)
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"sharded_scale-{args.clients}-{args.arch}.json"
+    path = RESULTS / f"sharded_scale-{args.clients}-{args.arch}{'-' + args.tag if args.tag else ''}.json"
     header = {"date": time.strftime("%Y-%m-%d"), **cpu_facts(), "clients": args.clients, "arch": args.arch,
               "image_size": args.image_size, "rounds": args.rounds, "algorithm": "dispfl M=10, 1 local step"}
     path.write_text(json.dumps({**header, "rows": rows}, indent=1))

@@ -254,3 +254,17 @@ def test_tasks_per_receive_is_refused_on_one_process_and_for_a_replicated_algori
     with pytest.raises(ValueError, match="tasks_per_receive=4 bounds the sources each process receives from a "
                                          "partitioned store, but BEER keeps every node on every process"):
         trainer.fit(SparseClassifier("cnn_digits"), FederatedDataModule(dataset="digits", num_clients=4))
+
+
+def test_the_partitioned_algorithms_are_the_ones_the_docs_name():
+    from pathlib import Path
+
+    from lightning_dfl.federation import ALGORITHMS
+
+    partitioned = {n for n in ALGORITHMS.names() if ALGORITHMS.get(n).declares("partitionable")}
+    assert partitioned == {"dadpfl", "dfedavgm", "dfedsam", "dispfl", "ditto", "dpsgd", "dpsgd_ft", "fedavg",
+                           "fedavg_ft", "feddst", "gossipfl", "local", "psfl"}
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "devices.md").read_text()
+    assert f"the {len(partitioned)} algorithms that declare `partitionable = True`" in docs
+    replicated = sorted(ALGORITHMS.get(n).__name__ for n in set(ALGORITHMS.names()) - partitioned)
+    assert replicated == ["BEER", "FedFomo", "PRISAM", "SubFedAvg"]

@@ -62,7 +62,7 @@ class Ditto(FedAvg):
     #: FedAvg's flags, declared again for its own hooks: shardable; not reads_only_sources (it reads other models)
     shardable = True
     reads_only_sources = False
-    partitionable = False  # its set-up reads the server's model for every client
+    partitionable = True  # its set-up fetches the server's initial model; its hooks read sources and own nodes
     headline = "personal"
 
     def __init__(self, clients_per_round: int = 10, lam: float = 0.5, global_epochs: int | None = 2,
@@ -84,7 +84,9 @@ class Ditto(FedAvg):
         return [StateField(PERSONAL, like="weights", dtype=None)]
 
     def init_state(self, store: ClientStore, num_clients: int) -> None:
-        """Every client's v_i starts at w^0, the server's (node K's) initial model; a resume then loads v_i."""
+        """Every client's v_i starts at w^0, the server's (node K's) initial model; a resume then loads v_i. On
+        several processes each holding its own nodes, every process fetches w^0 and writes its own clients'."""
+        store.fetch([(num_clients, False)])
         initial, _ = store.published(num_clients)
         for k in range(num_clients):
             store.write(k, PERSONAL, initial)

@@ -86,7 +86,9 @@ class FedDST(TalliedTasks, FedAvg):
     #: FedAvg's flags, declared again for its own hooks: shardable; not reads_only_sources (it reads other models)
     shardable = True
     reads_only_sources = False
-    partitionable = False  # its messages compare a source's mask with the server's
+    # its messages compare a source's mask with the receiver's own (a client's current mask, or the server's
+    # published one in the server's task): it reads other nodes as sources only
+    partitionable = True
 
     def __init__(self, clients_per_round: int = 10, readjustment_ratio: float = 0.5, readjust_every: int = 10,
                  decay_end: int | None = None, schedule: str = "paper") -> None:

@@ -8,7 +8,9 @@ The store:
 * partitioned (an algorithm that declares ``partitionable``:
   :class:`~lightning_dfl.federation.store.partitioned.PartitionedStore`): each process holds its own nodes;
   before a level, each receives the published records its tasks read from their owners, point to point
-  (:func:`~lightning_dfl.federation.exchange.routing.level_routes`); nothing else moves;
+  (:func:`~lightning_dfl.federation.exchange.routing.level_routes`); nothing else moves. With
+  ``tasks_per_receive`` a level runs in groups (each process's next that many tasks): before each group, what
+  the earlier ones received and this one does not read is freed, and its sources are received;
 * else replicated: every process holds every node, and after the level each task's owner broadcasts what
   the task wrote (:meth:`ClientStore.task_views`: the published model, masks and fields, the next mask,
   its private fields), so every process holds every published model before the next level reads it.

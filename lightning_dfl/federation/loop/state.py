@@ -85,8 +85,8 @@ class FederationState:
             return None
         pairs = [(s.node, s.fresh) for s in sources]
         store = self.store
-        if isinstance(store, PartitionedStore):  # the sources, and the first one's mask, come from their owners
-            store.fetch(pairs)
+        store.fetch(pairs)  # from their owners when each process holds its own nodes
+        if isinstance(store, PartitionedStore):  # and the first one's mask
             mask = store.broadcast_mask(sources[0].node)
         else:
             mask = store.mask(sources[0].node)

@@ -6,9 +6,11 @@ of its own nodes only (node ``k`` in local row ``k // N``): their published mode
 published and private fields. What a process's tasks read of other nodes arrives before a plan level runs, from
 the owners, point to point (:meth:`PartitionedStore.receive`: ``torch.distributed`` send/recv over the run's
 gloo group, or the default group for an accelerator's store): each route of
-:func:`~lightning_dfl.federation.exchange.routing.level_routes` carries one published record (weights, the mask
-trained with, the value count and the published fields) into this process's *inbox*, kept until the model it
-holds is no longer current (its start-of-round model released after its last reader, or the round's end).
+:func:`~lightning_dfl.federation.exchange.routing.level_routes` carries one published record (weights and the
+mask trained with, in the owner's store format: a compact store's active values, packed mask bits and zero
+signs as kept; the value count and the published fields) into this process's *inbox*, kept until the model it
+holds is no longer current (its start-of-round model released after its last reader, or the round's end), or
+until the executor frees it (:meth:`PartitionedStore.keep_only`: the trainer's ``tasks_per_receive``).
 Nothing else moves during a round.
 
 Every process runs the same set-up, so each initializes and writes only its own nodes (what it would write for

@@ -195,6 +195,11 @@ class ClientStore(ABC):
                                  f"{ {n: tuple(t.shape) for n, t in theirs.items()} }, the store "
                                  f"{ {n: tuple(t.shape) for n, t in mine.items()} }")
 
+    def fetch(self, sources: Iterable[tuple[int, bool]]) -> None:
+        """Make the ``(node, fresh)`` sources' published models readable here: every node is (a store split
+        across processes, :class:`~lightning_dfl.federation.store.partitioned.PartitionedStore`, brings them
+        from their owners; a collective there: every process calls it with the same sources)."""
+
     # -- what each store implements -----------------------------------------------------
     @abstractmethod
     def release_start(self, node: int) -> None:
