@@ -199,6 +199,7 @@ class ClientStore(ABC):
         """Make the ``(node, fresh)`` sources' published models readable here: every node is (a store split
         across processes, :class:`~lightning_dfl.federation.store.partitioned.PartitionedStore`, brings them
         from their owners; a collective there: every process calls it with the same sources)."""
+        del sources  # every node is here: nothing to bring
 
     # -- what each store implements -----------------------------------------------------
     @abstractmethod
