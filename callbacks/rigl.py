@@ -23,6 +23,7 @@ from torch import Tensor
 from lightning_dfl.callbacks._mask_owner import MaskOwner, federated_mask, module_mask
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
 from lightning_dfl.checks import is_int, is_number
+from lightning_dfl.errors import ConfigurationError
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.masks import Masks, ModelMask
 from lightning_dfl.sparse.rigl import REGROWTH_MODES, cosine_drop_fraction, dense_gradients, rigl_masks
@@ -157,6 +158,7 @@ class RigL(FederatedCallback):
                 raise MisconfigurationException(
                     f"RigL(density={self.density:g}) in a federation: the clients' masks are drawn at the model's "
                     f"density {self._density_of(pl_module, mask)}; leave RigL's density unset and set model.density")
+            self._check_schedule(int(trainer.max_rounds))
             return
         if (module_mask(pl_module) is None and not getattr(pl_module, "automatic_optimization", True)
                 and not self._has_loss_method(pl_module)):
@@ -220,6 +222,7 @@ class RigL(FederatedCallback):
                 f"({'estimated_stepping_batches' if self.update_interval == 'step' else 'max_epochs'}); "
                 "set max_steps or max_epochs")
         self._total = int(total)
+        self._check_schedule(self._total)
 
     #: the batch hooks it acts in within a federation: none (its on_train_batch_end re-applies a mask the module
     #: itself keeps there), so a batched step may train its clients (the engine reads it: federated_batch_hooks)
@@ -274,13 +277,23 @@ class RigL(FederatedCallback):
         self._load(mask, new, f"round {t} client {client_id}")
 
     # -- shared --------------------------------------------------------------------------
+    def _check_schedule(self, total: int) -> None:
+        """Before training: a ``drop_fraction`` callable gives a float in [0, 1] at every ``t`` the run will use
+        (``t < stop_fraction * total``), or the run is refused (:meth:`fraction` names the value)."""
+        if callable(self.drop_fraction):
+            for t in range(total):
+                if t >= self.stop_fraction * total:
+                    break
+                self.fraction(t, total)
+
     def fraction(self, t: int, total: int) -> float:
         """The drop fraction at ``t`` of ``total`` (the cosine schedule or the user's callable)."""
         if callable(self.drop_fraction):
             value = self.drop_fraction(t, total)
             if not is_number(value) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"the `drop_fraction` callable returned {value!r} at t={t}, T={total}; "
-                                 "expected a float in [0, 1]")
+                name = getattr(self.drop_fraction, "__qualname__", type(self.drop_fraction).__name__)
+                raise ConfigurationError(f"RigL's drop_fraction callable {name} returned {value!r} at t={t}, "
+                                         f"T={total}; expected a float in [0, 1]")
             return float(value)
         return cosine_drop_fraction(self.drop_fraction, t, total)
 

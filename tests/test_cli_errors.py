@@ -146,6 +146,17 @@ CASES = [
     ("unknown_algorithm_path", ["--trainer.algorithm.class_path=lightning_dfl.federation.algorithms.FedProx"],
      ["FedProx", "DisPFL"]),
     ("unknown_algorithm_name", ["--trainer.algorithm=FedProx"], ["FedProx", "DADPFL"]),
+    # a drop_fraction callable that returns no fraction: refused before training (it failed in round 1, "a bug")
+    ("rigl_drop_fraction_callable_returns_none", ["--trainer.callbacks+=lightning_dfl.callbacks.RigL",
+                                                  "--trainer.callbacks.init_args.drop_fraction=builtins.print"],
+     ["drop_fraction", "print returned None", "t=0", "[0, 1]"]),
+    # two stateful callbacks of one class would share one checkpoint entry (the second silently overwrote it)
+    ("two_rigl_callbacks", ["--trainer.callbacks+=lightning_dfl.callbacks.RigL",
+                            "--trainer.callbacks+=lightning_dfl.callbacks.RigL"],
+     ["two RigL callbacks", "checkpoint entry", "'RigL'", "give one RigL"]),
+    # the base class plans nothing: refused before training (it ran into NotImplementedError, "a bug")
+    ("abstract_algorithm", ["--trainer.algorithm=lightning_dfl.federation.algorithms.base.Algorithm"],
+     ["algorithm Algorithm", "base class", "cannot plan a round", "dispfl", "plan_round"]),
     ("algorithm_class_path_null", ["--trainer.algorithm.class_path=null"],
      ["trainer.algorithm", "class_path is null", "DisPFL"]),
     ("unknown_algorithm_option", ["--trainer.algorithm.init_args.num_neighbours=3"], ["num_neighbours", "topology"]),
@@ -642,3 +653,19 @@ def test_a_warning_is_one_line_without_a_source_path(tmp_path, capsys, monkeypat
         "lightning-dfl: warning: the run has no accuracy (final_accuracy is null in summary.json): no client met "
         "the deadline (0.5) in an evaluated round"], err
     assert warnings.showwarning is not entry.show_warning  # Python's own is back after the command
+
+
+def test_a_class_from_a_module_in_the_working_folder_that_python_cannot_import_says_how(tmp_path, monkeypatch,
+                                                                                         capsys):
+    package = tmp_path / "myalgo"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise SystemExit('imported')\n")  # must not be imported for the hint
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    with pytest.raises(SystemExit) as exit_info:
+        main(_fit(tmp_path, "--trainer.algorithm=myalgo.ringmix.RingMix"))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert "unknown class 'myalgo.ringmix.RingMix'" in err
+    assert f"the module 'myalgo' is in the working folder {tmp_path} but not on Python's path: run with " \
+           "PYTHONPATH=." in err

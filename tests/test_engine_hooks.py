@@ -438,3 +438,17 @@ def test_a_hook_given_as_a_callable_must_take_the_hooks_arguments():
                                                  "the hook's arguments \\(trainer, pl_module, outputs, batch, "
                                                  "batch_idx\\)"):
         check_supported([LambdaCallback(on_train_batch_end=lambda trainer, pl_module: None)])
+
+
+def test_stateless_callbacks_of_one_class_may_repeat_stateful_ones_may_not():
+    from lightning.pytorch.callbacks import LambdaCallback
+
+    from lightning_dfl.callbacks import RigL
+    from lightning_dfl.federation.loop.callback_hooks import merge_callbacks
+
+    first, second = LambdaCallback(on_fit_start=lambda *a: None), LambdaCallback(on_fit_end=lambda *a: None)
+    assert merge_callbacks([], [first, second]) == [first, second]
+    mine = RigL()
+    assert merge_callbacks([RigL()], [mine]) == [mine]  # the user's takes the algorithm's place
+    with pytest.raises(ValueError, match=r"two RigL callbacks would share one checkpoint entry \('RigL'\)"):
+        merge_callbacks([], [RigL(), RigL()])

@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import importlib.util
 import os
 import re
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from lightning_dfl.cli.help import PROG, allowed
@@ -142,7 +144,26 @@ _CLASS_OPTIONS = {"trainer.algorithm": "algorithm",
 def _unknown_class(option: str | None, value: str) -> str:
     kind = _CLASS_OPTIONS.get((option or "").removesuffix(".help"), "")
     names = ", ".join(allowed(kind)) if kind == "algorithm" else kind
-    return f"unknown class {value!r}; " + (f"allowed: {names}" if names else "give a class name or import path")
+    return (f"unknown class {value!r}; " + (f"allowed: {names}" if names else "give a class name or import path")
+            + _not_on_path(value))
+
+
+def _not_on_path(value: str) -> str:
+    """A hint when ``value``'s top module is a file or package in the working folder that Python cannot import
+    (the ``lightning-dfl`` script does not put the working folder on its path); found without importing it."""
+    top = value.split(".", 1)[0]
+    if "." not in value or not top.isidentifier():
+        return ""
+    here = Path.cwd()
+    if not ((here / f"{top}.py").is_file() or (here / top / "__init__.py").is_file()):
+        return ""
+    try:
+        if importlib.util.find_spec(top) is not None:
+            return ""
+    except (ImportError, ValueError):
+        pass
+    return (f" (the module {top!r} is in the working folder {here} but not on Python's path: run with "
+            f"PYTHONPATH=. or install it as a package)")
 
 
 def _null_class(option: str | None) -> str:

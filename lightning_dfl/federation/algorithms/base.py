@@ -24,7 +24,7 @@ from lightning_dfl.federation.metrics.evaluation import deferred_accuracy
 from lightning_dfl.federation.store import ClientStore, StateField
 from lightning_dfl.hooks import is_overridden
 
-__all__ = ["Algorithm", "FlagsLostWarning", "TopologyAlgorithm", "RoundContext", "TaskContext", "parallel_plan"]
+__all__ = ["Algorithm", "FlagsLostWarning", "TopologyAlgorithm", "RoundContext", "TaskContext", "check_plans", "parallel_plan"]
 
 #: class flags the engine trusts, read with :meth:`Algorithm.declares`
 DECLARED_FLAGS = ("shardable", "reads_only_sources", "partitionable")
@@ -211,7 +211,8 @@ class Algorithm:
         return None
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
-        raise NotImplementedError
+        """The round's tasks (every algorithm defines it: :func:`check_plans` refuses one that does not)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define plan_round")
 
     # -- one task -----------------------------------------------------------------------
     def message(self, ctx: TaskContext, source: Source) -> Message:
@@ -352,3 +353,15 @@ def parallel_plan(ctx: RoundContext, neighbors: list[list[int]]) -> RoundPlan:
     tasks = [Task(node=k, sources=(Source(k), *(Source(j) for j in neighbors[k] if j in taking_part)))
              for k in active]
     return RoundPlan(ctx.round_idx, tasks)
+
+
+def check_plans(algorithm: Algorithm) -> None:
+    """Refuse an algorithm that cannot plan a round (``Algorithm`` itself, or a subclass without
+    :meth:`~Algorithm.plan_round`) before anything is built, naming what to use instead."""
+    if type(algorithm).plan_round is Algorithm.plan_round:
+        from lightning_dfl.federation.algorithms import ALGORITHMS
+
+        what = ("the base class every algorithm extends" if type(algorithm) is Algorithm
+                else "a subclass of Algorithm that does not define plan_round")
+        raise ValueError(f"algorithm {type(algorithm).__name__} is {what}: it cannot plan a round; use one of "
+                         f"{', '.join(ALGORITHMS.names())}, or define plan_round (docs/writing-algorithms.md)")

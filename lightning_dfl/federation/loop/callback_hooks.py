@@ -97,7 +97,19 @@ def merge_callbacks(defaults: list[Any], callbacks: Any) -> list[Any]:
                          f"({type(wrong).__name__})")
     check_supported(user)
     merged = [next((c for c in user if type(c) is type(d)), d) for d in defaults]
-    return merged + [c for c in user if not any(c is m for m in merged)]
+    merged += [c for c in user if not any(c is m for m in merged)]
+    keys: dict[str, Any] = {}
+    for callback in merged:  # a checkpoint keeps each stateful callback's state under its state_key
+        if type(callback).state_dict is Callback.state_dict:
+            continue  # no state of its own (e.g. a LambdaCallback): any number of them
+        twin = keys.setdefault(callback.state_key, callback)
+        if twin is not callback:
+            raise ValueError(f"two {type(callback).__name__} callbacks would share one checkpoint entry "
+                             f"({callback.state_key!r}), so a resume could not tell their states apart: give one "
+                             f"{type(callback).__name__}" + (" (the algorithm's own is replaced by yours)"
+                                                             if any(type(d) is type(callback) for d in defaults)
+                                                             else ""))
+    return merged
 
 
 class HookDispatch:

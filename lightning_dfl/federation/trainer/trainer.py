@@ -20,6 +20,7 @@ from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import mark_in_round, writing
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
+from lightning_dfl.federation.algorithms.base import check_plans
 from lightning_dfl.federation.loop.callback_hooks import merge_callbacks
 from lightning_dfl.federation.loop.clock import Clock, build_clock
 from lightning_dfl.federation.loop.executor import SerialExecutor
@@ -155,6 +156,7 @@ class FederatedTrainer(TrainerView):
         if not isinstance(self.algorithm, Algorithm):
             raise ValueError(f"algorithm must be an Algorithm (DisPFL, DPSGD, Local, FedAvg, ...), "
                              f"got {type(self.algorithm).__name__}")
+        check_plans(self.algorithm)
         #: the run's settings, checked (:class:`~lightning_dfl.federation.trainer.settings.RunSettings`); read by name too
         self.settings = RunSettings(**{k: v for k, v in locals().items() if k in RunSettings.__dataclass_fields__})
         self.clock = build_clock(client_speeds, clock)
