@@ -110,3 +110,69 @@ def test_the_loggers_claim_their_folder_only_when_asked(tmp_path, kind):
     assert not (tmp_path / "algo").exists()
     assert (first.version, second.version) == (0, 1)
     assert (tmp_path / "algo" / "version_0").is_dir() and (tmp_path / "algo" / "version_1").is_dir()
+
+
+# -- one run per folder: a lock while it runs, and no writing over an earlier run ----------------------------------
+HOLD = """
+import sys, time
+from lightning_dfl.federation.trainer.run_folder import RunFolderLock
+lock = RunFolderLock()
+lock.acquire(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_folder_another_run_is_writing_is_refused_naming_that_process(tmp_path, capsys, no_training):
+    import subprocess
+    import sys
+
+    root = tmp_path / "runs"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(SystemExit) as info:
+            main(_fit(root, "--trainer.logger=false"))
+        err = capsys.readouterr().err
+        assert info.value.code == 2, err
+        assert f"the run folder {root} is in use by another run (process {holder.pid} on " in err
+        assert "one run writes a folder at a time" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder was killed: its lock died with it, and the next run takes the folder over
+    import os
+
+    from lightning_dfl.federation.trainer.run_folder import RunFolderLock, lock_path
+
+    assert lock_path(root) == tmp_path / ".runs.lightning-dfl.lock" and lock_path(root).is_file()
+    lock = RunFolderLock()
+    lock.acquire(root)
+    assert f"process {os.getpid()} on " in lock_path(root).read_text()
+    lock.release()
+    assert not lock_path(root).exists()
+
+
+def test_a_folder_holding_a_run_is_not_written_over_unless_asked(tmp_path, capsys):
+    root = tmp_path / "runs"
+    version = ["--trainer.logger=CSVLogger", f"--trainer.logger.init_args.save_dir={root}",
+               "--trainer.logger.init_args.name=dispfl", "--trainer.logger.init_args.version=version_7",
+               "--trainer.checkpoint_every=1"]
+    main(_fit(root, *version))
+    folder = root / "dispfl" / "version_7"
+    assert (folder / "checkpoints" / "last.ckpt").is_file() and (folder / "summary.json").is_file()
+    first = (folder / "metrics.csv").read_text()
+    with pytest.raises(SystemExit) as info:
+        main(_fit(root, *version))
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert f"the run folder {folder} already holds a run (metrics.csv, clients.csv, summary.json" in err
+    assert f"resume it with --ckpt_path {folder / 'checkpoints' / 'last.ckpt'}" in err
+    assert (folder / "metrics.csv").read_text() == first  # untouched
+    # resuming from its own checkpoint writes on; overwrite removes the earlier files first (its checkpoint too)
+    main(_fit(root, *version, "--trainer.rounds=2", f"--ckpt_path={folder / 'checkpoints' / 'last.ckpt'}"))
+    main(_fit(root, *version[:4], "--trainer.overwrite=true",
+              "--trainer.seed=3"))
+    assert not (folder / "checkpoints" / "last.ckpt").exists()
+    assert "seed: 3" in (folder / "config.yaml").read_text() and (folder / "summary.json").is_file()
+    assert sorted(p.name for p in (root / "dispfl").iterdir()) == ["version_7"]  # no lock file left

@@ -102,6 +102,7 @@ class RunSettings:
     benchmark: bool | None = None
     cuda_graphs: bool = False
     tune_allocator: bool = True
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         def normalise(name: str, value: Any) -> None:
@@ -150,6 +151,7 @@ class RunSettings:
                                  "receives at a time, but this run has one process (devices x num_nodes = 1): leave "
                                  "it None (null), or run on several processes")
         check_bool("tune_allocator", self.tune_allocator)
+        check_bool("overwrite", self.overwrite)
         check_memory_format(self.memory_format)
         check_matmul_precision(self.matmul_precision)
         check_benchmark(self.benchmark)

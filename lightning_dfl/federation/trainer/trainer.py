@@ -36,6 +36,7 @@ from lightning_dfl.federation.trainer.checkpoint import (
     save_checkpoint,
 )
 from lightning_dfl.federation.trainer.interrupts import Interrupted, stop_requests
+from lightning_dfl.federation.trainer.run_folder import RunFolderLock, check_unused
 from lightning_dfl.federation.trainer.settings import RunSettings
 from lightning_dfl.federation.trainer.view import TrainerView
 from lightning_dfl.module import SparseClassifier
@@ -109,6 +110,9 @@ class FederatedTrainer(TrainerView):
         benchmark: ``torch.backends.cudnn.benchmark``, as Lightning's: ``True`` times cuDNN's algorithms per
             shape (rounding may differ between runs), ``False`` takes its heuristics, ``None`` leaves it.
         cuda_graphs: on a CUDA GPU, replay each local step's closure from a CUDA graph (same results).
+        overwrite: write over a run folder that holds an earlier run's files (they are removed first); ``False``
+            (default) refuses it unless the run resumes from a checkpoint in it. A folder is written by one run at a
+            time: a second run on it is refused (:mod:`~lightning_dfl.federation.trainer.run_folder`).
         tune_allocator: keep freed activation buffers in the heap, not returned to the OS after every batch
             (glibc's ``mallopt``; :mod:`lightning_dfl.allocator`); ``False`` leaves the allocator as it is.
     """
@@ -151,6 +155,7 @@ class FederatedTrainer(TrainerView):
         benchmark: bool | None = None,
         cuda_graphs: bool = False,
         tune_allocator: bool = True,
+        overwrite: bool = False,
     ) -> None:
         self.algorithm = algorithm if algorithm is not None else DisPFL()
         if not isinstance(self.algorithm, Algorithm):
@@ -226,8 +231,23 @@ class FederatedTrainer(TrainerView):
             tune_allocator()
         check_resume_request(ckpt_path, s.resume_allow)  # a missing or damaged file fails before any set-up
         self._setup(model, datamodule)
+        lock = RunFolderLock()
+        try:
+            return self._fit(model, datamodule, ckpt_path, lock)
+        finally:
+            lock.release()
+
+    def _fit(self, model: SparseClassifier, datamodule: FederatedDataModule, ckpt_path: str | None,
+             lock: RunFolderLock) -> report.RunSummary:
+        """:meth:`fit` once set up: the checkpoint loaded, the run folder locked (``lock``), the rounds."""
+        s = self.settings
         first_round = load_checkpoint(self.federation, ckpt_path, s.resume_allow) if ckpt_path is not None else 0
         self._last_checkpoint = (Path(ckpt_path), first_round) if ckpt_path is not None else None
+        if self.is_global_zero:  # process 0 writes the folder: one run at a time, never over an earlier one
+            with writing(s.default_root_dir):  # the logger's version folder is made here
+                folder = self.run_folder
+            lock.acquire(folder)
+            check_unused(folder, ckpt_path, s.overwrite)
         self._start_run(model, datamodule)
         if first_round:
             self.reporter.replay(self.history, Path(ckpt_path).parent.parent)

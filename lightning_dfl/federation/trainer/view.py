@@ -125,9 +125,14 @@ class TrainerView:
         return getattr(self.logger, "log_dir", None) if self.logger else None
 
     @property
+    def run_folder(self) -> Path:
+        """The folder the run writes: the logger's ``log_dir`` (``default_root_dir`` without a logger)."""
+        return Path(self.log_dir or self.settings.default_root_dir)
+
+    @property
     def checkpoint_path(self) -> Path:
-        """Where checkpoints go: ``<log_dir>/checkpoints/last.ckpt`` (``default_root_dir`` without a logger)."""
-        return Path(self.log_dir or self.settings.default_root_dir) / "checkpoints" / "last.ckpt"
+        """Where checkpoints go: ``<run_folder>/checkpoints/last.ckpt``."""
+        return self.run_folder / "checkpoints" / "last.ckpt"
 
     @property
     def loggers(self) -> list[Logger]:
