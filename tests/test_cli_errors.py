@@ -669,3 +669,48 @@ def test_a_class_from_a_module_in_the_working_folder_that_python_cannot_import_s
     assert "unknown class 'myalgo.ringmix.RingMix'" in err
     assert f"the module 'myalgo' is in the working folder {tmp_path} but not on Python's path: run with " \
            "PYTHONPATH=." in err
+
+
+BOMB = "\n".join([f'a: &a [{",".join(["x"] * 9)}]'] + [f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]"
+                                                        for p, n in zip("abcdefgh", "bcdefghi")])
+
+
+@pytest.mark.parametrize("where", ["inline_config", "class_option_file"])
+def test_an_alias_bomb_anywhere_the_cli_reads_yaml_is_one_line(tmp_path, capsys, where):
+    """A 'billion laughs' (9^9 values from 400 bytes) as an inline --config string or in a class option's file
+    grew to gigabytes; every YAML text the CLI loads is checked first."""
+    if where == "inline_config":
+        args = _fit(tmp_path, "--config", BOMB)
+        named = "the inline --config expands to more than 100000 values"
+    else:
+        (tmp_path / "algorithm.yaml").write_text(BOMB)
+        args = _fit(tmp_path, f"--trainer.algorithm={tmp_path / 'algorithm.yaml'}")
+        named = "a YAML value (an inline --config, or a file given to an option) expands to more than 100000"
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert named in err and "billion laughs" in err, err
+
+
+def test_a_fifo_given_to_a_class_option_is_refused_by_what_it_is(tmp_path, capsys):
+    fifo = tmp_path / "algorithm.yaml"
+    os.mkfifo(fifo)
+    for form in ([f"--trainer.algorithm={fifo}"], ["--trainer.algorithm", str(fifo)]):
+        with pytest.raises(SystemExit) as info:
+            main(_fit(tmp_path, *form))
+        err = capsys.readouterr().err
+        assert info.value.code == 2, err
+        assert f"the file given to --trainer.algorithm '{fifo}' is a FIFO (named pipe), not a regular file" in err
+
+
+def test_an_inline_config_longer_than_a_file_name_is_read_as_yaml(tmp_path, capsys):
+    """Over 255 bytes an inline config is no possible file name: the check of whether it is a file crashed."""
+    inline = ('{"trainer": {"rounds": 1, "eval_every": 1, "enable_progress_bar": false}, "data": {"num_clients": 4, '
+              '"batch_size": 32, "test_samples_per_client": 10}, "model": {"arch": "cnn_digits", "density": 0.5, '
+              '"distribution": "erk", "lr": 0.05, "momentum": 0.0, "weight_decay": 0.0}, "seed_everything": 0}')
+    assert len(inline) > 255
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", inline, "--print_config"])
+    assert info.value.code == 0
+    assert "test_samples_per_client: 10" in capsys.readouterr().out

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from lightning_dfl.files import check_regular_file
 
-__all__ = ["MAX_BYTES", "MAX_NODES", "check_config_file", "config_files"]
+__all__ = ["MAX_BYTES", "MAX_NODES", "check_config_file", "check_option_files", "check_yaml_text", "config_files",
+           "guard_yaml_loaders"]
 
 #: the largest config file read (the project's configs are about 1 KB)
 MAX_BYTES = 1 << 20
@@ -32,30 +33,94 @@ def config_files(args: Sequence[str]) -> Iterator[str]:
             yield arg.split("=", 1)[1]
 
 
+def check_option_files(args: Sequence[str]) -> None:
+    """Refuse an option's value that names something other than a regular file or a folder (a FIFO, a device, a
+    socket), naming the option: jsonargparse would open it as a file (``--trainer.algorithm FILE``) and block or
+    never end. Nothing is opened."""
+    option = "a positional argument"
+    for arg in args:
+        if arg.startswith("--"):
+            option, has_value, value = arg.partition("=")
+            if not has_value:
+                continue
+        else:
+            value = arg
+        if value and _exists(value) and not os.path.isdir(value):
+            check_regular_file(value, f"the file given to {option}")
+        if not arg.startswith("--"):
+            option = "a positional argument"
+
+
 def check_config_file(path: str | os.PathLike) -> None:
     """Refuse a config file larger than :data:`MAX_BYTES`, one whose aliases expand to more than
     :data:`MAX_NODES` nodes, or one with a key given twice in one mapping (``ValueError`` naming the file
     and the key's lines), or a path that exists but is not a regular file (a folder, a FIFO, a device). A path that
     does not exist, or YAML that does not parse, is left to the parser."""
-    import yaml
 
     file = Path(path)
-    if not file.exists():
-        return  # the parser says it does not exist (or reads it as an inline string)
+    if not _exists(path):  # the parser says it does not exist, or reads it as an inline string: check that
+        check_yaml_text(str(path), "the inline --config")
+        return
     check_regular_file(file, "config file")  # a FIFO would block the parser, /dev/zero never end
-    where = repr(str(path))
+    where = f"config file {str(path)!r}"
     size = file.stat().st_size
     if size > MAX_BYTES:
-        raise ValueError(f"config file {where} is {size} bytes; a config may hold at most {MAX_BYTES} bytes "
-                         "(1 MiB)")
+        raise ValueError(f"{where} is {size} bytes; a config may hold at most {MAX_BYTES} bytes (1 MiB)")
     try:
-        root = yaml.compose(file.read_text(), Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, UnicodeDecodeError, ValueError):
+        text = file.read_text()
+    except (UnicodeDecodeError, ValueError):
+        return  # jsonargparse reports it
+    check_yaml_text(text, where)
+
+
+def _exists(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names something (a text too long, or holding a NUL, for a path names nothing)."""
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def check_yaml_text(text: str, where: str) -> None:
+    """Refuse YAML ``text`` (``where``: what it is, for the message) over :data:`MAX_BYTES`, whose aliases expand
+    to more than :data:`MAX_NODES` nodes, or with a key given twice in one mapping; text that does not parse is
+    left to the parser."""
+    import yaml
+
+    if len(text) > MAX_BYTES:
+        raise ValueError(f"{where} is {len(text)} characters; a config may hold at most {MAX_BYTES} (1 MiB)")
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, ValueError):
         return  # jsonargparse reports the syntax error with its line
     if root is None:
         return
     _check_expansion(root, where)
     _check_duplicates(root, where)
+
+
+def guard_yaml_loaders() -> None:
+    """Make jsonargparse check every YAML text it loads with :func:`check_yaml_text` first: an inline ``--config``
+    string, a file given to a class option (``--trainer.algorithm FILE``), every value. Once per process; the
+    YAML modes only (``yaml``, ``omegaconf``: the CLI's)."""
+    from jsonargparse import get_loader, set_loader
+    from jsonargparse._loaders_dumpers import get_loader_exceptions, loaders
+
+    for mode in ("yaml", "omegaconf"):
+        if mode != "yaml" and mode not in loaders:
+            continue
+        loader = get_loader(mode)
+        if getattr(loader, "checks_yaml", False):
+            continue
+
+        def guarded(stream: str, *args: object, loader=loader, **kwargs: object) -> object:
+            if isinstance(stream, str) and len(stream) > 1:  # a plain number or word cannot hold an alias
+                check_yaml_text(stream, "a YAML value (an inline --config, or a file given to an option)")
+            return loader(stream, *args, **kwargs)
+
+        guarded.checks_yaml = True
+        set_loader(mode, guarded, get_loader_exceptions(mode))
 
 
 def _children(node: object) -> list:
@@ -83,13 +148,13 @@ def _check_expansion(root: object, where: str) -> None:
         if key in sizes:
             continue
         if key in on_path:  # a recursive alias (a node that contains itself): endless once expanded
-            raise ValueError(f"config file {where} holds a recursive alias (a value that contains itself); "
+            raise ValueError(f"{where} holds a recursive alias (a value that contains itself); "
                              "a config may not")
         on_path.add(key)
         stack.append((node, True))
         stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
     if sizes[id(root)] > MAX_NODES:
-        raise ValueError(f"config file {where} expands to more than {MAX_NODES} values once its aliases (*name) "
+        raise ValueError(f"{where} expands to more than {MAX_NODES} values once its aliases (*name) "
                          f"are resolved; a config may hold at most {MAX_NODES} (nested aliases, a 'billion laughs')")
 
 
@@ -109,7 +174,7 @@ def _check_duplicates(root: object, where: str) -> None:
             for key, _ in node.value:
                 if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
                     if key.value in lines:
-                        raise ValueError(f"config file {where} gives the key {key.value!r} twice in one mapping "
+                        raise ValueError(f"{where} gives the key {key.value!r} twice in one mapping "
                                          f"(lines {lines[key.value]} and {key.start_mark.line + 1}): the second "
                                          "would replace the first whole; give each key once (merge the two)")
                     lines[key.value] = key.start_mark.line + 1
