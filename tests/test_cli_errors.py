@@ -714,3 +714,26 @@ def test_an_inline_config_longer_than_a_file_name_is_read_as_yaml(tmp_path, caps
         main(["fit", "--config", inline, "--print_config"])
     assert info.value.code == 0
     assert "test_samples_per_client: 10" in capsys.readouterr().out
+
+
+def test_a_torchvision_built_for_another_torch_is_one_line_with_the_fix(tmp_path, monkeypatch, capsys):
+    """Seen where a CPU torch came from pip's find-links with the registry's torchvision: the import failed with
+    'operator torchvision::nms does not exist', reported as an internal error."""
+    import builtins
+    from importlib import metadata
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "torchvision":
+            raise RuntimeError("operator torchvision::nms does not exist")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert (f"torchvision {metadata.version('torchvision')} cannot load against the installed torch "
+            f"{metadata.version('torch')} (operator torchvision::nms does not exist)") in err
+    assert "pip install --force-reinstall torch torchvision" in err

@@ -100,6 +100,9 @@ def _run(args: list[str]) -> None:
     if args[0] in SUBCOMMANDS:
         _subcommand(args[0], args[1:])
         return
+    from lightning_dfl.cli.torch_pair import check_torch_pair
+
+    check_torch_pair()  # a torchvision built for another torch fails in its import: one line, with the fix
     from lightning_dfl.cli.fit import FederatedCLI
 
     with warnings.catch_warnings():
