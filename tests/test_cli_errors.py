@@ -737,3 +737,19 @@ def test_a_torchvision_built_for_another_torch_is_one_line_with_the_fix(tmp_path
     assert (f"torchvision {metadata.version('torchvision')} cannot load against the installed torch "
             f"{metadata.version('torch')} (operator torchvision::nms does not exist)") in err
     assert "pip install --force-reinstall torch torchvision" in err
+
+
+@pytest.mark.parametrize("command", ["curves", "schedule"])
+def test_a_plot_path_under_a_file_is_one_line_before_any_work(tmp_path, capsys, command):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.csv").write_text("round,acc/headline\n0,0.5\n")
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "figure.png"
+    args = ([command, f"--runs=[{tmp_path / 'run'}]", "--metrics=[acc/headline]"] if command == "curves"
+            else [command]) + [f"--plot={out}"]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"plot path '{out}' lies under '{tmp_path / 'afile'}', which is a file, not a folder" in err

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_dfl.checks import check_output_path
+
 DPI = 100
 """Dots per inch of every figure (and of the saved raster files)."""
 
@@ -98,8 +100,10 @@ def check_plot_path(path: str | os.PathLike) -> Path:
     """``path`` as a ``Path`` once matplotlib is importable and can write its suffix.
 
     Raises ImportError without matplotlib and ValueError for a suffix matplotlib cannot write
-    (the message lists the ones it can: png, pdf, svg, ...). Call it before heavy work.
+    (the message lists the ones it can: png, pdf, svg, ...), or for a path that cannot be a file (an existing
+    folder, a path under a file: :func:`~lightning_dfl.checks.check_output_path`). Call it before heavy work.
     """
+    check_output_path("plot path", path, folder=False)
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
