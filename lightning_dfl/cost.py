@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -162,16 +163,30 @@ def read_round_metrics(path: str | os.PathLike, columns: Sequence[str],
 
     Lightning's CSVLogger writes one row per logging call, with empty cells for metrics not
     logged in that call; rows without a round are skipped. A round that lacks any of the
-    columns is left out.
+    columns is left out. A row cut short (fewer cells than the header, or a last line without its line end: a
+    run stopped while writing it) is left out with a warning naming the file.
     """
+    with reading(path), open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size:
+            fh.seek(-1, os.SEEK_END)
+        unfinished = bool(size) and fh.read(1) not in (b"\n", b"\r")
     with reading(path), open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
         missing = [c for c in (round_col, *columns) if c not in header]
         if missing:
             raise ValueError(f"{os.fspath(path)!r} has no column(s) {missing}; its columns are {header}")
+        rows = list(reader)
+        cut = sorted(i for i, row in enumerate(rows) if None in row.values() or (unfinished and i == len(rows) - 1))
+        if cut:
+            warnings.warn(f"{os.fspath(path)!r}: {len(cut)} row(s) cut short (line(s) "
+                          f"{', '.join(str(i + 2) for i in cut)}: fewer cells than its header, or no line end; a run "
+                          "stopped while writing?) are left out", stacklevel=2)
         seen: dict[int, dict[str, float]] = {}
-        for row in reader:
+        for i, row in enumerate(rows):
+            if cut and i in cut:
+                continue
             cell = (row.get(round_col) or "").strip()
             if not cell:
                 continue

@@ -135,3 +135,16 @@ def test_run_cost_curve_custom_columns_and_errors(tmp_path):
     with pytest.raises(ValueError, match="no round"):
         run_cost_curve(_write(tmp_path, "round,flops/train_per_client,comm/busiest_bytes,time/delay\n"
                                         "0,,,\n"))
+
+
+def test_a_metrics_csv_cut_short_warns_and_leaves_the_cut_row_out(tmp_path):
+    from lightning_dfl.cost import read_round_metrics
+
+    path = tmp_path / "metrics.csv"
+    whole = "round,acc/headline,x\n0,0.5,1\n1,0.6,2\n2,0.7,3\n"
+    path.write_text(whole)
+    assert list(read_round_metrics(path, ["acc/headline"])) == [0, 1, 2]
+    path.write_text(whole[:-3])  # the run stopped while writing round 2's row: "2,0.7"
+    with pytest.warns(UserWarning, match=r"metrics.csv': 1 row\(s\) cut short \(line\(s\) 4: fewer cells"):
+        rounds = read_round_metrics(path, ["acc/headline"])
+    assert rounds == {0: {"acc/headline": 0.5}, 1: {"acc/headline": 0.6}}
