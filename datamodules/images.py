@@ -134,6 +134,49 @@ def resize_split(split: Split, size: int) -> Split:
     )
 
 
+#: the most pixels an image file may declare (width x height in its header): PIL's own decompression-bomb limit
+MAX_IMAGE_PIXELS = 89_478_485
+
+
+def shown_path(path: str) -> str:
+    """``path`` for a message: as it is, its bytes that are not UTF-8 (a file name from another system) as
+    ``\\xNN`` escapes, which any terminal prints."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _as_tensor(data: bytes) -> Tensor:
+    """A file's bytes as the ``uint8`` tensor torchvision decodes."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def check_image_header(data: bytes, path: str) -> None:
+    """Refuse an image whose header declares more than :data:`MAX_IMAGE_PIXELS` pixels before it is decoded (a
+    crafted 60000 x 60000 PNG of a few KB crashed the decoder): PIL reads the header only. A header PIL cannot read
+    is left to the decoder, which names the file."""
+    import io
+    import warnings
+
+    from PIL import Image
+
+    pixels = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                pixels = f"{width} x {height} pixels ({width * height:,})" if width * height > MAX_IMAGE_PIXELS \
+                    else None
+        except Image.DecompressionBombError as err:  # PIL's own limit (twice ours) refused it at once
+            found = re.search(r"\((\d+) pixels\)", str(err))
+            pixels = f"{int(found.group(1)):,} pixels" if found else "more pixels than PIL's limit"
+        except Exception:  # not an image PIL knows (or damaged): the decoder's error names it
+            return
+    if pixels is not None:
+        raise ValueError(f"image {shown_path(path)} declares {pixels} in its header; an image may have at most "
+                         f"{MAX_IMAGE_PIXELS:,} pixels (a decompression bomb, or not a data set image): replace or "
+                         "delete it")
+
+
 def decode_images(paths: Sequence[str | os.PathLike], image_size: int | None = None) -> Tensor:
     """Decode image files once into one RGB ``uint8 [N, 3, H, W]`` tensor (torchvision.io).
 
@@ -141,7 +184,7 @@ def decode_images(paths: Sequence[str | os.PathLike], image_size: int | None = N
     ``image_size`` every image is resized to ``image_size x image_size``; without it all images
     must already share one size.
     """
-    from torchvision.io import ImageReadMode, decode_image, read_file
+    from torchvision.io import ImageReadMode, decode_image
     from torchvision.transforms.v2 import functional as TF
 
     check_image_size(image_size)
@@ -149,11 +192,15 @@ def decode_images(paths: Sequence[str | os.PathLike], image_size: int | None = N
     for i, path in enumerate(paths):
         path = os.fspath(path)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"image file not found: {path}")
+            raise FileNotFoundError(f"image file not found: {shown_path(path)}")
+        with open(path, "rb") as fh:  # by Python: any file name (torchvision's read_file cannot open non-UTF-8 ones)
+            data = fh.read()
+        check_image_header(data, path)
         try:
-            img = decode_image(read_file(path), mode=ImageReadMode.RGB)
+            img = decode_image(_as_tensor(data), mode=ImageReadMode.RGB)
         except RuntimeError as err:
-            raise ValueError(f"cannot decode image {path} ({describe_error(err)}): the file is corrupt or not an image "
+            raise ValueError(f"cannot decode image {shown_path(path)} ({describe_error(err)}): the file is corrupt or "
+                             "not an image "
                              "(jpeg, png, webp or gif); replace or delete it") from err
         if img.dtype != torch.uint8:  # 16-bit PNGs decode as uint16: scale, do not wrap modulo 256
             img = TF.to_dtype(img, torch.uint8, scale=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -524,3 +525,44 @@ def test_mnist_foreign_files_are_a_clear_error(tmp_path):
         load_mnist(tmp_path)
     assert f"MNIST under {tmp_path} is corrupt or not the official files (torchvision: " in str(err.value)
     assert "download=True" in str(err.value)
+
+
+def _png_header_only(path, width, height):
+    """A PNG of a few bytes whose header declares ``width x height`` pixels (a decompression bomb's shape)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\0" * 100)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize(("width", "height", "shown"), [(60000, 60000, "3,600,000,000 pixels"),
+                                                        (10000, 10000, "10000 x 10000 pixels (100,000,000)")])
+def test_an_image_whose_header_declares_too_many_pixels_is_refused_before_decoding(tmp_path, width, height, shown):
+    from lightning_dfl.datamodules.images import decode_images
+
+    path = tmp_path / "bomb.png"
+    _png_header_only(path, width, height)  # 60000 x 60000 segfaulted inside decode_image
+    with pytest.raises(ValueError, match=f"image {path} declares {re.escape(shown)} in its header; an image may have "
+                                         "at most 89,478,485 pixels"):
+        decode_images([path])
+
+
+def test_an_image_whose_name_is_not_utf8_is_read(tmp_path):
+    from torchvision.io import encode_jpeg
+
+    from lightning_dfl.datamodules.images import decode_images
+
+    path = os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9.jpg")  # a Latin-1 name from another system
+    with open(path, "wb") as fh:
+        fh.write(encode_jpeg(torch.full((3, 8, 8), 100, dtype=torch.uint8)).numpy().tobytes())
+    images = decode_images([path])  # torchvision's read_file called it "corrupt or not an image"
+    assert images.shape == (1, 3, 8, 8) and abs(int(images.float().mean()) - 100) <= 2
+    broken = os.fsdecode(os.fsencode(str(tmp_path)) + b"/bad\xff.jpg")
+    with open(broken, "wb") as fh:
+        fh.write(b"not an image")
+    with pytest.raises(ValueError, match=r"cannot decode image .*bad\\xff\.jpg \("):
+        decode_images([broken])
