@@ -753,3 +753,19 @@ def test_a_plot_path_under_a_file_is_one_line_before_any_work(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"plot path '{out}' lies under '{tmp_path / 'afile'}', which is a file, not a folder" in err
+
+
+@pytest.mark.parametrize("form", [["--trainer.algorithm.class_path=this.DisPFL"], ["--trainer.algorithm", "this.DisPFL"],
+                                  ["--trainer.callbacks+=this.RigL"], ["--config", "trainer:\n  algorithm:\n    "
+                                                                                  "class_path: this.DisPFL\n"]])
+def test_a_project_class_name_from_another_module_is_refused_before_that_module_runs(tmp_path, capsys, form):
+    """``this.DisPFL`` imported ``this`` (printing the Zen of Python: its top-level code ran) before the class was
+    refused."""
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, *form))
+    out, err = capsys.readouterr()
+    assert info.value.code == 2, err
+    assert "Beautiful is better than ugly" not in out
+    name = "RigL" if "RigL" in form[0] else "DisPFL"
+    assert f"'this.{name}' names the class {name} from the module 'this'" in err
+    assert "before that module is imported" in err

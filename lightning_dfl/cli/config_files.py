@@ -15,8 +15,8 @@ from pathlib import Path
 
 from lightning_dfl.files import check_regular_file
 
-__all__ = ["MAX_BYTES", "MAX_NODES", "check_config_file", "check_option_files", "check_yaml_text", "config_files",
-           "guard_yaml_loaders"]
+__all__ = ["CLASS_OPTIONS", "MAX_BYTES", "MAX_NODES", "check_class_names", "check_config_file", "check_option_files",
+           "check_yaml_text", "config_files", "guard_yaml_loaders"]
 
 #: the largest config file read (the project's configs are about 1 KB)
 MAX_BYTES = 1 << 20
@@ -179,3 +179,64 @@ def _check_duplicates(root: object, where: str) -> None:
                                          "would replace the first whole; give each key once (merge the two)")
                     lines[key.value] = key.start_mark.line + 1
         stack.extend(_children(node))
+
+
+#: the class options of ``fit`` (a class name or import path, given whole or as ``.class_path``)
+CLASS_OPTIONS = ("--trainer.algorithm", "--trainer.callbacks", "--trainer.clock")
+
+
+def _registered_names() -> dict[str, str]:
+    """The project's class names an option may take, with the public path of each."""
+    from lightning_dfl.federation.algorithms import ALGORITHMS
+
+    names = {ALGORITHMS.get(n).__name__: f"lightning_dfl.federation.algorithms.{ALGORITHMS.get(n).__name__}"
+             for n in ALGORITHMS.names()}
+    names.update({n: f"lightning_dfl.callbacks.{n}" for n in ("RigL", "PruningTimeVoting", "PQIPruning")})
+    names["Clock"] = "lightning_dfl.federation.loop.clock.Clock"
+    return names
+
+
+def _class_values(args: Sequence[str]) -> Iterator[tuple[str, str]]:
+    """``(where, import path)`` of each class given on the command line or as a ``class_path`` in a config file."""
+    import yaml
+
+    for i, arg in enumerate(args):
+        option, has_value, value = arg.partition("=")
+        option = option.removesuffix("+").removesuffix(".class_path")
+        if option in CLASS_OPTIONS:
+            if not has_value and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value = args[i + 1]
+            if value:
+                yield option, value
+    for path in config_files(args):
+        try:
+            text = Path(path).read_text() if _exists(path) else path
+            stack = [yaml.safe_load(text)]
+        except Exception:  # the parser names what is wrong with it
+            continue
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                if isinstance(node.get("class_path"), str):
+                    yield f"class_path in {path if _exists(path) else 'the inline --config'}", node["class_path"]
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+
+
+def check_class_names(args: Sequence[str]) -> None:
+    """Refuse, before any module is imported, a class given by an import path whose last name is one of the
+    project's classes (``DisPFL``, ``RigL``, ...) but whose module is not the project's (``this.DisPFL`` imported
+    ``this``, and ran its top-level code, before the class was refused)."""
+    names = None
+    for where, value in _class_values(args):
+        module, _, name = value.rpartition(".")
+        if not module or module.split(".", 1)[0] == "lightning_dfl":
+            continue
+        names = _registered_names() if names is None else names
+        if name in names:
+            from lightning_dfl.errors import ConfigurationError
+
+            raise ConfigurationError(f"{where}: {value!r} names the class {name} from the module {module!r}; {name} "
+                                     f"is {names[name]} (give that path, or just {name}); a class of a project's name "
+                                     "from another module is refused before that module is imported")

@@ -91,11 +91,19 @@ def _run(args: list[str]) -> None:
 
         plot(args[1:])
         return
-    from lightning_dfl.cli.config_files import check_config_file, check_option_files, config_files, guard_yaml_loaders
+    from lightning_dfl.cli.config_files import (
+        check_class_names,
+        check_config_file,
+        check_option_files,
+        config_files,
+        guard_yaml_loaders,
+    )
 
     for path in config_files(args[1:]):  # before jsonargparse reads (and expands) them
         check_config_file(path)
     check_option_files(args[1:])  # a FIFO given to a class option would block the parser
+    if args[0] == "fit":
+        check_class_names(args[1:])  # a project's class name from another module: refused before it is imported
     guard_yaml_loaders()  # every YAML text it loads (inline configs, class options' files) is checked first
     if args[0] in SUBCOMMANDS:
         _subcommand(args[0], args[1:])
