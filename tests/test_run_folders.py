@@ -132,7 +132,7 @@ def test_a_folder_another_run_is_writing_is_refused_naming_that_process(tmp_path
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(SystemExit) as info:
-            main(_fit(root, "--trainer.logger=false"))
+            main(_fit(root, "--trainer.logger=false", "--trainer.checkpoint_every=1"))
         err = capsys.readouterr().err
         assert info.value.code == 2, err
         assert f"the run folder {root} is in use by another run (process {holder.pid} on " in err

@@ -73,13 +73,13 @@ class RunFolderLock:
         return lock_path(self.folder)
 
     def acquire(self, folder: str | os.PathLike) -> None:
-        """Lock ``folder`` (made if absent), or raise :class:`~lightning_dfl.errors.RunFileError` naming the process
+        """Lock ``folder`` (the lock file beside it; the folder is not made), or raise :class:`~lightning_dfl.errors.RunFileError` naming the process
         that holds it. A lock file left by a killed run is taken over (its lock died with it)."""
         if fcntl is None or self._fd is not None:
             return
         self.folder = Path(folder)
         with writing(self.folder):
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True)  # the folder itself is made by whoever writes it
             while True:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
                 try:

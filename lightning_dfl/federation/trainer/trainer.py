@@ -243,7 +243,8 @@ class FederatedTrainer(TrainerView):
         s = self.settings
         first_round = load_checkpoint(self.federation, ckpt_path, s.resume_allow) if ckpt_path is not None else 0
         self._last_checkpoint = (Path(ckpt_path), first_round) if ckpt_path is not None else None
-        if self.is_global_zero:  # process 0 writes the folder: one run at a time, never over an earlier one
+        writes = self.logger is not None or s.checkpoint_every > 0  # else it writes no file there
+        if self.is_global_zero and writes:  # process 0 writes the folder: one run at a time, never over an earlier one
             with writing(s.default_root_dir):  # the logger's version folder is made here
                 folder = self.run_folder
             lock.acquire(folder)
