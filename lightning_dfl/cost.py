@@ -15,6 +15,7 @@ DA-DPFL at M = N = 10, see :mod:`lightning_dfl.federation.algorithms.dadpfl_wait
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import warnings
@@ -166,13 +167,10 @@ def read_round_metrics(path: str | os.PathLike, columns: Sequence[str],
     columns is left out. A row cut short (fewer cells than the header, or a last line without its line end: a
     run stopped while writing it) is left out with a warning naming the file.
     """
-    with reading(path), open(path, "rb") as fh:
-        size = fh.seek(0, os.SEEK_END)
-        if size:
-            fh.seek(-1, os.SEEK_END)
-        unfinished = bool(size) and fh.read(1) not in (b"\n", b"\r")
     with reading(path), open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
+        text = fh.read()
+        unfinished = bool(text) and not text.endswith(("\n", "\r"))
+        reader = csv.DictReader(io.StringIO(text, newline=""))
         header = reader.fieldnames or []
         missing = [c for c in (round_col, *columns) if c not in header]
         if missing:
