@@ -430,6 +430,16 @@ def test_start_reads_release_a_model_after_its_last_reader():
         reads.finished(task)
         released.append("|")
     assert released == [0, "|", "|", 1, 2, "|"]
+    # a replica is held until its reader ends; one of a node without a task (dropped out) is never released
+    replicas = RoundPlan(0, [Task(0, sources=(Source(0), Source(1))), Task(1), Task(2, replicas=(1, 3))])
+    released.clear()
+    reads = StartReads(replicas, released.append)
+    for task in replicas.order():
+        reads.started(task)
+        released.append("s")
+        reads.finished(task)
+        released.append("|")
+    assert released == ["s", 0, "|", "s", "|", "s", 1, 2, "|"]  # 1: held after its own task, until task 2 ended
 
 
 def test_the_compact_store_frees_read_models_and_refuses_to_read_them_again():

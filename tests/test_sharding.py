@@ -67,6 +67,13 @@ RUNS = {
 RUNS["dispfl_compact"] = (RUNS["dispfl"][0], [*RUNS["dispfl"][1], "--trainer.store", "compact"])
 RUNS["dadpfl_compact"] = (RUNS["dadpfl"][0], [*RUNS["dadpfl"][1], "--trainer.store", "compact"])
 RUNS["psfl_chains_one_task_a_time"] = RUNS["psfl_chains"]
+# a third of the clients drop out each round: BEER mixes in the replicas it holds of absent neighbours (they travel
+# as its tasks' replicas); FedFomo picks among the clients present
+RUNS["beer_dropout"] = (RUNS["beer"][0], ["--trainer.rounds", "3", *RUNS["beer"][1][2:], "--trainer.dropout", "0.34"])
+RUNS["fedfomo_dropout"] = (RUNS["fedfomo"][0], [*RUNS["fedfomo"][1], "--trainer.dropout", "0.34"])
+# the masks shared for grouping are computed from each client's published model by its owner
+RUNS["prisam_grouping_ratio"] = (RUNS["prisam"][0], [*RUNS["prisam"][1],
+                                                     "--trainer.algorithm.init_args.grouping_ratio", "0.5"])
 #: per run, settings of the two-process run only (one process refuses them)
 TWO_ONLY = {"dadpfl_compact": ["--trainer.tasks_per_receive", "1"],
             "psfl_chains_one_task_a_time": ["--trainer.tasks_per_receive", "1"]}

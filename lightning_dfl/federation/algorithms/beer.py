@@ -33,6 +33,7 @@ per round after 5 epochs of plain SGD) is not implemented.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch
@@ -103,7 +104,8 @@ class BEER(TopologyAlgorithm):
     name = "beer"
     shardable = True
     title = "BEER"
-    reads_only_sources = True
+    reads_only_sources = True  # and its tasks' replicas
+    partitionable = True  # a dropped-out neighbour's replica travels as its task's replica
 
     def __init__(self, num_neighbors: int = 2, topology: str = "ring", gamma: float = 0.01,
                  eta: float | None = None, compressor: str = "gsgd", bits: int = 9, ratio: float = 0.1,
@@ -141,7 +143,13 @@ class BEER(TopologyAlgorithm):
         return weights + sent
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
-        return parallel_plan(ctx, self.neighbors(ctx))
+        """Every participant reads its participating neighbours' messages, and holds the replicas of those that
+        dropped out (the task's ``replicas``: :meth:`aggregate` mixes them in)."""
+        neighbors = self.neighbors(ctx)
+        taking_part = set(ctx.active_clients)
+        plan = parallel_plan(ctx, neighbors)
+        return RoundPlan(ctx.round_idx, [dataclasses.replace(task, replicas=tuple(
+            j for j in neighbors[task.node] if j not in taking_part)) for task in plan.tasks])
 
     def message(self, ctx: TaskContext, source: Source) -> Message:
         """The sender's H and G as the receiver's replicas hold them; its bytes are those of the two

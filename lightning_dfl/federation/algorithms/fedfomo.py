@@ -123,6 +123,8 @@ class FedFomo(TalliedTasks, Algorithm):
 
     name = "fedfomo"
     shardable = True
+    reads_only_sources = True  # its plan names the M models each client receives
+    partitionable = True  # and its hooks read other nodes as sources only
 
     def __init__(self, num_neighbors: int = 10, epsilon: float = 0.3, epsilon_decay: float = 0.05,
                  val_fraction: float = 0.2, affinity_update: str = "raw") -> None:
@@ -152,33 +154,30 @@ class FedFomo(TalliedTasks, Algorithm):
         return [StateField(AFFINITY, shape=(self._num_clients,), dtype=torch.float64)]
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
-        """Every active client lists every other active one; it picks its M in the task (the picks read
-        its affinity row, which a plan cannot), and only those M send (:meth:`message`)."""
+        """Each active client receives the M others it picks by epsilon-greedy on its affinity row (:meth:`choose`;
+        the rows are read from their owners), in id order: only those M send."""
         active = ctx.active_clients
-        return RoundPlan(ctx.round_idx, [Task(node=k, sources=(Source(k), *(Source(j) for j in active if j != k)))
-                                         for k in active])
+        store = ctx.store
+        rows = store.gather_nodes(lambda k: store.read(k, AFFINITY).tolist(), active)
+        tasks = []
+        for k, affinity in zip(active, rows):
+            chosen = set(self.choose(ctx, k, affinity))
+            tasks.append(Task(node=k, sources=(Source(k), *(Source(j) for j in active if j in chosen))))
+        return RoundPlan(ctx.round_idx, tasks)
 
-    def chosen(self, ctx: TaskContext) -> list[int]:
-        """The task's M neighbours, by epsilon-greedy on its affinity row (stream ``fedfomo/choose``)."""
-        if "fedfomo/chosen" not in ctx.scratch:
-            affinity = ctx.store.read(ctx.node, AFFINITY).tolist()
-            candidates = [s.node for s in ctx.task.sources if s.node != ctx.node]
-            rng = np.random.default_rng(ctx.seed_of("fedfomo/choose"))
-            eps = epsilon_at(ctx.round_idx, self.epsilon, self.epsilon_decay)
-            ctx.scratch["fedfomo/chosen"] = epsilon_greedy(affinity, candidates, self.num_neighbors, eps, rng)
-        return ctx.scratch["fedfomo/chosen"]
-
-    def message(self, ctx: TaskContext, source: Source) -> Message:
-        if source.node == ctx.node or source.node in self.chosen(ctx):
-            return super().message(ctx, source)
-        return Message(source.node, {}, None, 0, 0)  # not requested: nothing is sent
+    def choose(self, ctx: RoundContext, client: int, affinity: Sequence[float]) -> list[int]:
+        """``client``'s M neighbours among the other active clients, by epsilon-greedy on its ``affinity`` row
+        (``get_federating_clients``; the stream ``fedfomo/choose`` of the round and client), in pick order."""
+        candidates = [j for j in ctx.active_clients if j != client]
+        rng = np.random.default_rng(derive_seed(ctx.seed, "fedfomo/choose", ctx.round_idx, client))
+        eps = epsilon_at(ctx.round_idx, self.epsilon, self.epsilon_decay)
+        return epsilon_greedy(affinity, candidates, self.num_neighbors, eps, rng)
 
     def aggregate(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor] | None:
         """The weights and update on the client's validation split with the worker (theta_i), and P_i's update."""
         val, train, batch_size = self.split(ctx)
         ctx.scratch["fedfomo/train"] = (train, batch_size)
-        chosen = set(self.chosen(ctx))
-        return self.update(ctx, [m for m in messages if m.sender in chosen], val)  # None: theta_i is kept
+        return self.update(ctx, [m for m in messages if m.sender != ctx.node], val)  # None: theta_i is kept
 
     def split(self, ctx: TaskContext) -> tuple[list[tuple[Tensor, Tensor]], tuple[Tensor, Tensor], int]:
         """The client's fixed split: one pass of its training batches drawn by a generator seeded by

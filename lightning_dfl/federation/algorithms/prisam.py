@@ -147,6 +147,7 @@ class PRISAM(TopologyAlgorithm):
     name = "prisam"
     shardable = True
     reads_only_sources = True
+    partitionable = True  # its planning reads the clients' shared masks through the store's gather_nodes
 
     def __init__(self, ratio: float | list[float] = 0.5, num_groups: int = 5, grouping: str = "kmeans",
                  warmup_rounds: int = 3, regroup: str = "every_round", prune_after_train: bool = False,
@@ -302,7 +303,8 @@ class PRISAM(TopologyAlgorithm):
         """The participants still in their warm-up (fewer than ``warmup_rounds`` warm-up rounds done)."""
         if not self.warmup_rounds:
             return []
-        done = [int(ctx.store.read(k, WARMUP_FIELD)) for k in active]
+        store = ctx.store
+        done = store.gather_nodes(lambda k: int(store.read(k, WARMUP_FIELD)), active)  # each from its owner
         return [k for k, d in zip(active, done) if d < self.warmup_rounds]
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
@@ -325,8 +327,7 @@ class PRISAM(TopologyAlgorithm):
             return RoundPlan(ctx.round_idx, sorted(tasks + local, key=lambda t: t.node))
         ready = set(warming)
         active = [k for k in active if k not in ready]  # the grouped devices: every one has pruned
-        shared = {k: (self._grouping_vector(ctx, k), None if self._grouping_ratio is None
-                      else ctx.store.read(k, CHANNELS_FIELD).cpu().clone()) for k in active}
+        shared = dict(zip(active, ctx.store.gather_nodes(lambda k: self._shared_masks(ctx, k), active)))
         if self.grouping_masks == "warmup":  # a device first grouped now shares its warm-up mask (item 22)
             new = {k: shared[k] for k in active if k not in self._warmup}
             if new:
@@ -388,6 +389,12 @@ class PRISAM(TopologyAlgorithm):
             self._shared.update(pending[1])
             self._shared_pending = None
         return sorted([*grouped, *(k for k in self._shared if k not in taking_part)])
+
+    def _shared_masks(self, ctx: RoundContext, client: int) -> tuple[Tensor, Tensor | None]:
+        """What ``client`` shares for grouping: :meth:`_grouping_vector`, and (``grouping_ratio``) its own
+        published channel mask too (computed by its owner where each process holds its own clients)."""
+        own = None if self._grouping_ratio is None else ctx.store.read(client, CHANNELS_FIELD).cpu().clone()
+        return self._grouping_vector(ctx, client), own
 
     def _grouping_vector(self, ctx: RoundContext, client: int) -> Tensor:
         """The mask ``client`` shares for grouping: its published channel mask, or (``grouping_ratio``)

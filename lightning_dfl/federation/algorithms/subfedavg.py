@@ -30,9 +30,13 @@ from lightning_dfl.federation.exchange.aggregation import masked_average
 from lightning_dfl.federation.exchange.messages import Message, gather_messages, masked_codec
 from lightning_dfl.federation.exchange.plan import Source
 from lightning_dfl.federation.metrics.evaluation import accuracy
+from lightning_dfl.federation.store import StateField
 from lightning_dfl.sparse.masks import Masks
 from lightning_dfl.sparse.select import smallest_k_mask
 from lightning_dfl.stats import mean_std
+
+#: the round in which a client's published mask last changed (-1: never), sent with its model
+MASK_ROUND = "subfedavg/mask_round"
 
 
 def hamming(m1: Masks, m2: Masks) -> float:
@@ -105,7 +109,7 @@ class SubFedAvg(TalliedTasks, FedAvg):
     #: FedAvg's flags, declared again for its own hooks: shardable; not reads_only_sources (it reads other models)
     shardable = True
     reads_only_sources = False
-    partitionable = False  # its evaluation reads every client's mask
+    partitionable = True  # its message reads the source's published mask round; its evaluation fetches the server
     headline = "subnetwork"  # baselines-notes 9: w * m_i on every client's test set
 
     def __init__(self, clients_per_round: int = 10, prune_fraction: float = 0.1, target_density: float = 0.7,
@@ -125,6 +129,9 @@ class SubFedAvg(TalliedTasks, FedAvg):
         self.acc_thresh = float(acc_thresh)
         self.tally = RoundTally(pruned=0, flops=0.0, tasks=0)
 
+    def state_fields(self) -> list[StateField]:
+        return [*super().state_fields(), StateField(MASK_ROUND, dtype=torch.int64, fill=-1, published=True)]
+
     def evaluate_round(self, ctx: EvaluationContext) -> dict[str, float]:
         """Every round: the clients' mean density (``subfedavg/density_mean``); at evaluated rounds the
         server's model under each client's personal mask, w * m_i, on that client's test set
@@ -135,6 +142,7 @@ class SubFedAvg(TalliedTasks, FedAvg):
         metrics = {"subfedavg/density_mean": sum(densities) / len(densities)}
         if not ctx.evaluates:
             return metrics
+        store.fetch([(server, False)])  # from its owner where each process holds its own nodes
         weights, _ = store.published(server)
         mine = {}
         for k in ctx.clients:  # each process its own clients
@@ -155,7 +163,7 @@ class SubFedAvg(TalliedTasks, FedAvg):
         if source.node == server and ctx.node != server:
             return masked_codec(False).encode(weights, store.mask(ctx.node), sender=server,
                                               masked_names=store.masked_names)
-        changed = source.fresh and any(not torch.equal(mask[n], store.published(source.node)[1][n]) for n in mask)
+        changed = source.fresh and int(store.read(source.node, MASK_ROUND, True)) == ctx.round_idx
         return masked_codec(changed).encode(weights, mask, sender=source.node, masked_names=store.masked_names,
                                              active_values=store.active_values(source.node, source.fresh))
 
@@ -166,6 +174,14 @@ class SubFedAvg(TalliedTasks, FedAvg):
 
     def server_step(self, ctx: TaskContext, messages: list[Message]) -> dict[str, Tensor]:
         return holder_mean(messages, ctx.store.published(ctx.node)[0])
+
+    def publish_fields(self, ctx: TaskContext) -> dict[str, Any]:
+        """This round as :data:`MASK_ROUND` when the mask the client publishes differs from the one it published
+        before (its message then carries the mask bits); else nothing (the field keeps its round)."""
+        before = ctx.store.published(ctx.node)[1]
+        mask = ctx.module.mask.masks
+        changed = any(not torch.equal(mask[n], before[n]) for n in before)
+        return {MASK_ROUND: ctx.round_idx} if changed else {}
 
     # -- a client ----------------------------------------------------------------------------------------
     def local_train(self, ctx: TaskContext) -> float:

@@ -38,6 +38,9 @@ class Task:
         coefficients: aggregation weights of the sources (``None``: all 1, DA-DPFL Eq. 7).
         train: whether it runs local epochs (a server's task does not).
         after: further nodes whose tasks must end before this one starts.
+        replicas: nodes whose start-of-round published state the task reads without a message this round
+            (what its node kept of them from earlier rounds: BEER's replicas of a neighbour that dropped
+            out). They move between processes like sources, and are never counted, timed or mixed.
     """
 
     node: int
@@ -45,6 +48,7 @@ class Task:
     coefficients: tuple[float, ...] | None = None
     train: bool = True
     after: tuple[int, ...] = ()
+    replicas: tuple[int, ...] = ()
 
     def waits_for(self) -> set[int]:
         return {s.node for s in self.sources if s.fresh} | set(self.after)

@@ -19,8 +19,9 @@ class StartReads:
     read of ``node``'s start-of-round model has been made.
 
     A node's start-of-round model is read by every task that lists it as a non-fresh source (when the
-    task starts: its messages) and by the node's own task (the model it starts from, and falls back to
-    when its update is non-finite: until the task ends). :meth:`started` and :meth:`finished` report them
+    task starts: its messages), by every task that lists it as a replica (until that task ends) and by the
+    node's own task (the model it starts from, and falls back to when its update is non-finite: until the
+    task ends). :meth:`started` and :meth:`finished` report them
     (the executor's ``sources_read`` and ``task_ended``).
     Nodes without a task keep their one model and are never released.
     """
@@ -28,9 +29,12 @@ class StartReads:
     def __init__(self, plan: RoundPlan, release: Callable[[int], None]) -> None:
         self.release = release
         self.pending: Counter[int] = Counter()
+        nodes = {task.node for task in plan.tasks}
+        #: per task, the replicas it reads until it ends (those of nodes with a task: the others are never released)
+        self.replicas = {task.node: [k for k in task.replicas if k in nodes and k != task.node] for task in plan.tasks}
         for task in plan.tasks:
             self.pending[task.node] += 1
-            for node in self._others(task):
+            for node in [*self._others(task), *self.replicas[task.node]]:
                 self.pending[node] += 1
 
     @staticmethod
@@ -48,5 +52,7 @@ class StartReads:
             self._read(node)
 
     def finished(self, task: Task) -> None:
-        """``task`` has ended (its node has published)."""
+        """``task`` has ended (its node has published; its replicas are read)."""
+        for node in self.replicas[task.node]:
+            self._read(node)
         self._read(task.node)

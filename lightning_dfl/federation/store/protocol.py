@@ -27,8 +27,8 @@ returns.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -36,6 +36,8 @@ from torch import Tensor
 from lightning_dfl.federation.store.fields import ClientState, DeclaredFields, StateField
 from lightning_dfl.federation.store.saved_state import StoreLayout
 from lightning_dfl.sparse.masks import Masks
+
+T = TypeVar("T")
 
 __all__ = ["ClientStore", "FieldPairs", "gather_published"]
 
@@ -200,6 +202,12 @@ class ClientStore(ABC):
         across processes, :class:`~lightning_dfl.federation.store.partitioned.PartitionedStore`, brings them
         from their owners; a collective there: every process calls it with the same sources)."""
         del sources  # every node is here: nothing to bring
+
+    def gather_nodes(self, value: Callable[[int], T], nodes: Iterable[int]) -> list[T]:
+        """``value(node)`` of each of ``nodes``, in that order, on every process: here each is computed where the
+        node is (a store split across processes computes each on its owner and gathers them: a collective there,
+        with picklable values; an algorithm's planning reads other nodes' fields through it)."""
+        return [value(int(node)) for node in nodes]
 
     # -- what each store implements -----------------------------------------------------
     @abstractmethod

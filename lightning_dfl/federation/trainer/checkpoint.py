@@ -223,7 +223,7 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
         return bool(masks) and not any(bool(m.any()) for m in masks.values())
 
     nodes = range(store.num_nodes)
-    empties = store.gather_nodes(empty_mask, nodes) if isinstance(store, PartitionedStore) else map(empty_mask, nodes)
+    empties = store.gather_nodes(empty_mask, nodes)
     empty = next((node for node, is_empty in zip(nodes, empties) if is_empty), None)
     if empty is not None:
         raise CheckpointError(f"the checkpoint {str(path)!r} holds an empty mask (no active weight in any layer) for "
