@@ -24,8 +24,9 @@ def recorded():
 
 @pytest.mark.parametrize("name", list(golden.RUNS))
 def test_golden_run_is_reproduced_bit_for_bit(name, recorded, tmp_path):
-    if recorded["machine"] != golden.machine():  # other kernels round differently
-        pytest.skip(f"recorded with {recorded['machine']}, this is {golden.machine()}: re-record to compare")
+    machine = golden.recorded_on(recorded, name)
+    if machine != golden.machine():  # other kernels round differently
+        pytest.skip(f"recorded with {machine}, this is {golden.machine()}: re-record to compare")
     expected, got = recorded[name], golden.run(name, str(tmp_path))
     assert len(got["metrics"]) == len(expected["metrics"])
     for round_idx, (e, g) in enumerate(zip(expected["metrics"], got["metrics"])):

@@ -3,6 +3,7 @@ Local, FedAvg, and the algorithms with a round-level evaluation or their own dat
 FedAvg-FT, D-PSGD-FT, Sub-FedAvg, FedFomo) on the digits set, a few rounds each.
 
     python tests/golden/record.py          # rewrite tests/golden/engine_runs.pt
+    python tests/golden/record.py fedfomo  # re-record one run (it then holds the machine it was recorded on)
 
 What is recorded, per run: every metric of every round except wall times, the per-client rows of
 ``clients.csv``, and every node's final published weights, published mask and current mask (as SHA-256
@@ -102,13 +103,25 @@ def machine() -> str:
     return f"torch {torch.__version__.split('+')[0]}, {torch.backends.cpu.get_cpu_capability()}, {_cpu_model()}"
 
 
-def main() -> None:
+def recorded_on(record: dict, name: str) -> str:
+    """The machine ``name``'s run was recorded on: its own (re-recorded alone), else the file's."""
+    return record[name].get("machine", record["machine"])
+
+
+def main(names: list[str]) -> None:
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        raise SystemExit(f"unknown runs {unknown}; recorded: {', '.join(RUNS)}")
     with tempfile.TemporaryDirectory() as root:
-        record = {name: run(name, root) for name in RUNS}
-    record["machine"] = machine()
+        if names:  # these runs only, each marked with this machine; the others keep theirs
+            record = torch.load(PATH, weights_only=True)
+            record.update({name: {**run(name, root), "machine": machine()} for name in names})
+        else:
+            record = {name: run(name, root) for name in RUNS}
+            record["machine"] = machine()
     torch.save(record, PATH)
     print(f"wrote {PATH} ({PATH.stat().st_size / 1e6:.2f} MB)", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
