@@ -735,3 +735,41 @@ def test_the_accelerators_records_of_all_layers_at_once_equal_the_hosts():
     with device_paths_on_cpu():
         parts = pack_bits_all({n: masks[n] for n in masked})
     assert list(parts) == masked and all(torch.equal(parts[n], pack_bits(masks[n], BIT_ORDER)) for n in masked)
+
+
+def test_the_shared_models_sources_are_streamed_a_few_at_a_time_with_the_same_average():
+    """``stream_published`` (the shared model's sources) brings ``per_fetch`` sources at a time and rebuilds one
+    at a time; the average is the one of all sources gathered at once, bit for bit."""
+    from lightning_dfl.federation.exchange.aggregation import masked_average
+    from lightning_dfl.federation.store.protocol import stream_published
+
+    class Counting(CompactClientStore):
+        held, most, groups, rebuilt = set(), 0, [], 0
+
+        def fetch(self, sources):
+            sources = list(sources)
+            self.groups.append(sources)
+            self.held |= set(sources)
+            self.most = max(self.most, len(self.held))
+
+        def forget(self, sources):
+            self.held -= set(sources)
+
+        def published(self, node, fresh=False):
+            self.rebuilt += 1
+            return super().published(node, fresh)
+
+    k = 11
+    store = Counting(_template(), MASKED, k)
+    gen = torch.Generator().manual_seed(3)
+    for node in range(k):
+        store.initialize(node, *_model(gen, negative_zeros=False))
+    pairs = [(node, False) for node in range(k)]
+    expected = masked_average(*store.gather(pairs))
+    store.rebuilt = 0
+    with stream_published(store, pairs, per_fetch=4) as (weights, masks):
+        got = masked_average(weights, masks)
+    assert store.groups == [pairs[0:4], pairs[4:8], pairs[8:11]] and store.most == 4 and not store.held
+    assert store.rebuilt == k  # each source rebuilt once, whatever the number of names read of it
+    for name in expected:
+        assert_bitwise(got[name], expected[name], name)

@@ -33,7 +33,9 @@ def masked_average(
         receiver_mask: name -> boolean ``shape``: the receiver's current mask (omitted: no masking).
         coefficients: ``S`` non-negative weights of the sources.
 
-    The sums accumulate source by source, so no ``(S, *shape)`` copy is made. Half-precision sources
+    The sums accumulate source by source, reading each source once in order (``weights[n][j]`` and
+    ``masks[n][j]`` for every name before source ``j + 1``: sequences that fetch or rebuild sources on demand
+    work), so no ``(S, *shape)`` copy is made. Half-precision sources
     (float16, bfloat16) are summed and divided in float32 and the result cast back: in float16 the sum of a
     few models overflows, and the divisor's floor (1e-12) is 0, so an entry nobody holds was 0 / 0 = NaN.
     """
@@ -57,10 +59,13 @@ def masked_average(
         return out
     masked = [n for n in floating if n in masks]
     dtypes = [weights[n][0].dtype for n in floating]
-    numerators = _weighted_sums([weights[n] for n in floating], coef, [_accumulation_dtype(d) for d in dtypes])
+    accumulate = dict(zip(floating, (_accumulation_dtype(d) for d in dtypes)))
+    # numerators and denominators in one pass over the sources (each read once, in order: they may be streamed)
+    numerators, denominators = _weighted_sums(
+        [[weights[n] for n in floating], [masks[n] for n in masked]], coef,
+        [[accumulate[n] for n in floating], [accumulate[n] for n in masked]])
     by_name = dict(zip(floating, numerators))
     if masked:  # 0 where nobody holds the weight
-        denominators = _weighted_sums([masks[n] for n in masked], coef, [by_name[n].dtype for n in masked])
         torch._foreach_clamp_min_(denominators, 1e-12)
         torch._foreach_div_([by_name[n] for n in masked], denominators)
         if receiver_mask is not None:
@@ -78,17 +83,22 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _weighted_sums(tensors: list[Tensor | Sequence[Tensor]], coef: list[float] | None,
-                   dtypes: list[torch.dtype] | None = None) -> list[Tensor]:
-    """For each entry of ``tensors`` (``S`` sources of one parameter), ``sum_j coef_j * source_j`` accumulated
-    source by source from zeros (in ``dtypes``, else the sources' own), each source added to every parameter
-    at once (``torch._foreach_add_``: a few multi-tensor kernels per source on a GPU instead of one per
-    parameter; on a CPU the same ``add_`` per tensor as ever)."""
-    totals = [torch.zeros(group[0].shape, dtype=dtypes[i] if dtypes else group[0].dtype, device=group[0].device)
-              for i, group in enumerate(tensors)]
-    for j in range(len(tensors[0])):
-        if coef is None:
-            torch._foreach_add_(totals, [group[j] for group in tensors])
-        elif coef[j]:
-            torch._foreach_add_(totals, [group[j] for group in tensors], alpha=coef[j])
+def _weighted_sums(families: list[list[Sequence[Tensor]]], coef: list[float] | None,
+                   dtypes: list[list[torch.dtype]]) -> list[list[Tensor]]:
+    """For each family (weights, masks) and each of its entries (``S`` sources of one parameter),
+    ``sum_j coef_j * source_j`` accumulated source by source from zeros in ``dtypes``: source ``j`` of every
+    entry of every family before source ``j + 1``, each family's entries at once (``torch._foreach_add_``: a few
+    multi-tensor kernels per source on a GPU instead of one per parameter; on a CPU the same ``add_`` per
+    tensor as ever)."""
+    totals = [[torch.zeros(group[0].shape, dtype=dtype, device=group[0].device) for group, dtype in zip(family, kinds)]
+              for family, kinds in zip(families, dtypes)]
+    num_sources = next((len(family[0]) for family in families if family), 0)
+    for j in range(num_sources):
+        for sums, family in zip(totals, families):
+            if not family:
+                continue
+            if coef is None:
+                torch._foreach_add_(sums, [group[j] for group in family])
+            elif coef[j]:
+                torch._foreach_add_(sums, [group[j] for group in family], alpha=coef[j])
     return totals

@@ -22,10 +22,12 @@ from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.loop.ownership import Ownership
 from lightning_dfl.federation.loop.worker import Worker
 from lightning_dfl.federation.metrics.evaluation import global_test_metrics, shared_model_metrics
-from lightning_dfl.federation.store.partitioned import PartitionedStore
-from lightning_dfl.federation.store.protocol import ClientStore
+from lightning_dfl.federation.store.protocol import ClientStore, stream_published
 
-__all__ = ["FederationState", "RoundProgress"]
+__all__ = ["FederationState", "RoundProgress", "SOURCES_PER_FETCH"]
+
+#: the shared model's sources a process holds at a time while averaging them (:func:`stream_published`)
+SOURCES_PER_FETCH = 16
 
 
 @dataclass(eq=False)
@@ -85,13 +87,11 @@ class FederationState:
             return None
         pairs = [(s.node, s.fresh) for s in sources]
         store = self.store
-        store.fetch(pairs)  # from their owners when each process holds its own nodes
-        if isinstance(store, PartitionedStore):  # and the first one's mask
-            mask = store.broadcast_mask(sources[0].node)
-        else:
-            mask = store.mask(sources[0].node)
-        # gather gives views and masked_average accumulates source by source: no (K, ...) copy
-        return masked_average(*store.gather(pairs)), mask
+        mask = store.broadcast_mask(sources[0].node)  # the first one's, from its owner where each holds its own
+        # masked_average reads the sources in order, source by source: streamed, a few brought at a time from
+        # their owners (and a compact store's rebuilt one at a time), so no (K, ...) copy is ever held
+        with stream_published(store, pairs, SOURCES_PER_FETCH) as (weights, masks):
+            return masked_average(weights, masks), mask
 
     def consensus_metrics(self) -> dict[str, float]:
         """The shared model (if any) tested on every client's test set (``acc/consensus_*``; each process tests

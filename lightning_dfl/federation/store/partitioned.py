@@ -443,6 +443,14 @@ class PartitionedStore:
         self.receive([(int(node), bool(fresh), owner(node), receiver)
                       for node, fresh in sources for receiver in range(world)])
 
+    def forget(self, sources: Iterable[tuple[int, bool]]) -> None:
+        """Free the ``(node, fresh)`` records fetched for every process (:meth:`fetch`; a collective: every process
+        calls it with the same sources, so all agree on what each holds)."""
+        keys = {(int(node), bool(fresh)) for node, fresh in sources}
+        self._delivered = {d for d in self._delivered if d[1:] not in keys}
+        for key in keys:
+            self._inbox.pop(key, None)
+
     @torch.no_grad()
     def broadcast_mask(self, node: int) -> Masks:
         """``node``'s current mask on every process, from its owner (a collective)."""

@@ -27,6 +27,7 @@ returns.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -39,7 +40,7 @@ from lightning_dfl.sparse.masks import Masks
 
 T = TypeVar("T")
 
-__all__ = ["ClientStore", "FieldPairs", "gather_published"]
+__all__ = ["ClientStore", "FieldPairs", "gather_published", "stream_published"]
 
 #: a checkpoint's tensors paired with a store's, by what they are: ``(what, mine, theirs)``
 FieldPairs = list[tuple[str, dict[str, Tensor], Mapping[str, Tensor]]]
@@ -52,6 +53,67 @@ def gather_published(store: Any, sources: list[tuple[int, bool]]) -> tuple[dict[
     expanded = [store.published(node, fresh) for node, fresh in sources]
     return ({n: [w[n] for w, _ in expanded] for n in store.names},
             {n: [m[n] for _, m in expanded] for n in store.masked_names})
+
+
+class _Streamed:
+    """Sources read in order, ``per_fetch`` at a time (:func:`stream_published`): each group is fetched when its
+    first source is read and forgotten when the next group is; one source's tensors are kept while it is read."""
+
+    def __init__(self, store: Any, sources: list[tuple[int, bool]], per_fetch: int) -> None:
+        self.store, self.sources, self.per_fetch = store, sources, per_fetch
+        self._group: list[tuple[int, bool]] = []
+        self._index = -1
+        self._record: tuple[dict[str, Tensor], Masks] = ({}, {})
+
+    def read(self, j: int, part: int, name: str) -> Tensor:
+        if j != self._index:
+            start = j - j % self.per_fetch
+            group = self.sources[start:start + self.per_fetch]
+            if group != self._group:
+                self.close()
+                self.store.fetch(group)
+                self._group = group
+            self._record, self._index = self.store.published(*self.sources[j]), j
+        return self._record[part][name]
+
+    def close(self) -> None:
+        """Forget the group fetched last."""
+        if self._group:
+            self.store.forget(self._group)
+        self._group, self._index, self._record = [], -1, ({}, {})
+
+
+class _Column(Sequence[Tensor]):
+    """One name's weights (``part`` 0) or published masks (1) of streamed sources."""
+
+    def __init__(self, streamed: _Streamed, part: int, name: str) -> None:
+        self.streamed, self.part, self.name = streamed, part, name
+
+    def __len__(self) -> int:
+        return len(self.streamed.sources)
+
+    def __getitem__(self, j: Any) -> Any:
+        if not isinstance(j, int):
+            raise TypeError("streamed sources are read one index at a time")
+        if not -len(self) <= j < len(self):
+            raise IndexError(j)
+        return self.streamed.read(j % len(self), self.part, self.name)
+
+
+@contextmanager
+def stream_published(store: Any, sources: list[tuple[int, bool]], per_fetch: int = 16,
+                     ) -> Iterator[tuple[dict[str, Sequence[Tensor]], dict[str, Sequence[Tensor]]]]:
+    """The ``(node, fresh)`` sources' weights and published masks by name, as sequences that bring each source
+    when it is read (:meth:`ClientStore.fetch`, ``per_fetch`` sources at a time, then
+    :meth:`ClientStore.forget`) and rebuild one source at a time, for a reader that goes through them in order
+    (:func:`~lightning_dfl.federation.exchange.aggregation.masked_average`). A store split across processes
+    holds at most ``per_fetch`` of them at once, instead of every source; a compact store rebuilds one. Every
+    process must read them in the same order (each group's fetch is a collective)."""
+    streamed = _Streamed(store, list(sources), per_fetch)
+    try:
+        yield ({n: _Column(streamed, 0, n) for n in store.names}, {n: _Column(streamed, 1, n) for n in store.masked_names})
+    finally:
+        streamed.close()
 
 
 class ClientStore(ABC):
@@ -202,6 +264,16 @@ class ClientStore(ABC):
         across processes, :class:`~lightning_dfl.federation.store.partitioned.PartitionedStore`, brings them
         from their owners; a collective there: every process calls it with the same sources)."""
         del sources  # every node is here: nothing to bring
+
+    def forget(self, sources: Iterable[tuple[int, bool]]) -> None:
+        """Say that the fetched ``(node, fresh)`` sources will not be read again (:meth:`fetch`'s undo: a store
+        split across processes frees what it received; a collective there)."""
+        del sources  # nothing was brought
+
+    def broadcast_mask(self, node: int) -> Masks:
+        """``node``'s current mask, readable on every process (a store split across processes sends it from its
+        owner: a collective there)."""
+        return self.mask(node)
 
     def gather_nodes(self, value: Callable[[int], T], nodes: Iterable[int]) -> list[T]:
         """``value(node)`` of each of ``nodes``, in that order, on every process: here each is computed where the
