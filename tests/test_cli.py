@@ -99,7 +99,8 @@ def test_per_client_rows_are_written(tmp_path):
 def test_non_original_settings_are_labelled_in_the_summary(tmp_path, config, label):
     """BEER's fresh-minibatch difference and GossipFL's ratio 0.5 with epochs per gossip are working
     settings, not the original rules: results name them (summary.json's label); a config ships each
-    original rule (optim/BEER.py's same minibatch; SAPS_FL's ratio 0.01 and one SGD step per gossip)."""
+    original rule (optim/BEER.py's same minibatch; SAPS_FL's default, 99% of each tensor sent, and one SGD step
+    per gossip)."""
     extra = ["--trainer.algorithm.init_args.num_neighbors=2"] if config.startswith("beer") else []
     cli = FederatedCLI(args=["fit", "--config", str(CONFIGS / config), "--trainer.rounds=1", "--trainer.eval_every=1",
                              f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",

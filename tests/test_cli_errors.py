@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import errno
 import io
+import json
 import os
 import subprocess
 import sys
@@ -558,6 +559,33 @@ def test_every_client_diverging_is_one_line_naming_round_clients_and_cause(tmp_p
     assert "every client that trained (20: [0, 1, 2" in err
     assert "learning rate is probably too high" in err
     assert "No checkpoint was written (checkpoint_every=0)" in err and "finite weights only" not in err
+
+
+def test_a_run_that_diverges_after_some_rounds_writes_their_summary_and_says_where(tmp_path):
+    """A run that trained a while before every client diverged (configs/beer_digits_same_batch.yaml at round 380)
+    still reports those rounds: summary.json, with ``stopped``, then exit 3 naming the file."""
+    (tmp_path / "poison.py").write_text(
+        "import torch\n"
+        "from lightning_dfl.callbacks.base import FederatedCallback\n\n\n"
+        "class Poison(FederatedCallback):\n"
+        "    def on_client_train_end(self, trainer, pl_module, client_id):\n"
+        "        if trainer.current_round >= 1:  # every client's update turns NaN from round 2 on\n"
+        "            with torch.no_grad():\n"
+        "                for p in pl_module.parameters():\n"
+        "                    p.fill_(float('nan'))\n")
+    root = tmp_path / "runs"
+    done = subprocess.run([sys.executable, "-m", "lightning_dfl", "fit", "--config", str(CONFIGS / "dispfl_digits.yaml"),
+                           "--trainer.rounds=3", "--trainer.local_epochs=1", "--trainer.enable_progress_bar=false",
+                           "--data.num_clients=4", "--trainer.algorithm.init_args.num_neighbors=2",
+                           "--trainer.callbacks+=poison.Poison", f"--trainer.default_root_dir={root}"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 3, done.stderr[-2000:]
+    (summary_file,) = root.glob("*/version_*/summary.json")
+    summary = json.loads(summary_file.read_text())
+    assert summary["rounds"] == 1 and summary["stopped"] == "diverged in round 2 of 3"
+    assert summary["final_accuracy"] > 0.1  # round 1's results, as a finished run reports them
+    assert f"{summary_file} summarizes round 1." in " ".join(done.stderr.split())
 
 
 def test_a_diverged_run_names_the_checkpoint_it_leaves_or_says_there_is_none(tmp_path):

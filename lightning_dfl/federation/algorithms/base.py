@@ -15,6 +15,7 @@ from torch import Tensor
 
 from lightning_dfl.checks import check_int
 from lightning_dfl.federation.algorithms.context import EvaluationContext, RoundContext, TaskContext
+from lightning_dfl.federation.algorithms.departures import departures
 from lightning_dfl.federation.algorithms.training import train_locally
 from lightning_dfl.federation.exchange.aggregation import masked_average
 from lightning_dfl.federation.exchange.messages import PUBLISH_BOUND, Message, gather_messages, masked_codec
@@ -30,7 +31,8 @@ __all__ = ["Algorithm", "FlagsLostWarning", "TopologyAlgorithm", "RoundContext",
 DECLARED_FLAGS = ("shardable", "reads_only_sources", "partitionable")
 #: methods a subclass may define and still inherit :data:`DECLARED_FLAGS`: they set it up or name it,
 #: they change nothing a task does (any other method, a hook or a helper, is a change of behaviour)
-NEUTRAL_METHODS = ("__init__", "validate", "deviations", "label", "run_name", "message_bound", "__repr__")
+NEUTRAL_METHODS = ("__init__", "validate", "deviations", "inert_options", "label", "run_name", "message_bound",
+                   "__repr__")
 #: class attributes that change what a task does: setting one is a change of behaviour too
 BEHAVIOUR_ATTRIBUTES = ("keep_optimizer_state",)
 
@@ -128,6 +130,15 @@ class Algorithm:
     #: exchanges (plans) per round: :meth:`plan_round` is called once per exchange with
     #: ``ctx.exchange``; each exchange's published models are what the next one reads (gossip steps)
     exchanges_per_round = 1
+    #: ``__init__`` arguments that set up the experiment (clients per round, neighbours, the graph) rather
+    #: than change the rule: never named in the label; every other argument is a rule option, labelled when
+    #: it departs from its reference (:mod:`~lightning_dfl.federation.algorithms.departures`; merged along
+    #: the bases)
+    settings: tuple[str, ...] = ()
+    #: the original method's value of each rule option whose default is not it (else the default is)
+    reference: dict[str, Any] = {}
+    #: how the label names a departing rule option: a format of ``value`` (default ``"{name} {value}"``)
+    phrases: dict[str, str] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -291,9 +302,16 @@ class Algorithm:
         """Restore :meth:`state_dict`'s output."""
 
     def deviations(self) -> list[str]:
-        """The settings of this instance that depart from the original method's rule (empty: none); they
-        are named wherever results are reported, through :meth:`label`."""
-        return []
+        """What of this instance departs from the original method's rule (empty: none), named wherever results
+        are reported, through :meth:`label`: each rule option whose value is not its reference
+        (:func:`~lightning_dfl.federation.algorithms.departures.departures`); a subclass adds what no option
+        says."""
+        return departures(self)
+
+    def inert_options(self) -> tuple[str, ...]:
+        """Rule options that do nothing with this instance's other options (so not labelled: e.g. top-k's
+        ratio under another compressor)."""
+        return ()
 
     def label(self) -> str:
         """How results name this run's method: its title, with its non-original settings in brackets
@@ -328,6 +346,8 @@ def average_messages(messages: list[Message], receiver_mask: dict[str, Tensor] |
 class TopologyAlgorithm(Algorithm):
     """Base of the algorithms with a topology (DisPFL, D-PSGD, DA-DPFL, Local, ...): it gives each client M
     in-neighbours (``num_neighbors``; with the ``full`` topology every client hears the K - 1 others)."""
+
+    settings = ("num_neighbors", "topology")
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying") -> None:
         self.num_neighbors = check_int("num_neighbors", num_neighbors, 0)  # the full topology ignores it: checked here

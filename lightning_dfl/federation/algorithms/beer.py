@@ -104,6 +104,9 @@ class BEER(TopologyAlgorithm):
     name = "beer"
     shardable = True
     title = "BEER"
+    settings = ("gamma", "eta")  # the step sizes, tuned per task (the paper's grid)
+    #: the original (optim/BEER.py) takes both gradients on one minibatch: "BEER (fresh minibatch)"
+    phrases = {"gradient_difference": "{value} minibatch"}
     reads_only_sources = True  # and its tasks' replicas
     partitionable = True  # a dropped-out neighbour's replica travels as its task's replica
 
@@ -129,9 +132,10 @@ class BEER(TopologyAlgorithm):
         self.gradient_difference = gradient_difference
         self._previous = "beer/x_prev" if gradient_difference == "same_batch" else "beer/grad_prev"
 
-    def deviations(self) -> list[str]:
-        """The original (optim/BEER.py) takes both gradients on one minibatch; ``fresh`` is labelled."""
-        return ["fresh minibatch"] if self.gradient_difference == "fresh" else []
+    def inert_options(self) -> tuple[str, ...]:
+        """gsgd's ``bits`` and ``noise`` under another compressor, top-k's and random-k's ``ratio`` under others."""
+        inert = () if self.compressor == "gsgd" else ("bits", "noise")
+        return inert + (() if self.compressor in ("top_k", "random_k") else ("ratio",))
 
     def state_fields(self) -> list[StateField]:
         weights = [StateField("beer/v", like="weights", dtype=None),

@@ -46,6 +46,8 @@ class DADPFL(TopologyAlgorithm):
     """
 
     name = "dadpfl"
+    #: N, the threshold and sparsity the paper sweeps, and RigL's drop fraction the authors set per data set
+    settings = ("max_wait", "delta_pr", "target_sparsity", "drop_fraction")
     shardable = True  # no state changes inside tasks (its callbacks speak the sharding protocol)
     partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True

@@ -69,6 +69,7 @@ class DFedAvgM(TopologyAlgorithm):
     """
 
     name = "dfedavgm"
+    reference = {"message_dtype": "float32"}  # the default None is float16 under rule "da"
     shardable = True
     partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True

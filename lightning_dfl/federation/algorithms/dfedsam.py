@@ -89,6 +89,7 @@ class DFedSAM(DFedAvgM):
     """
 
     name = "dfedsam"
+    settings = ("rho", "gossip_steps")  # rho is grid-searched (DA-DPFL Sec. V-A), Q the paper varies
     shardable = True
     partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True

@@ -19,6 +19,7 @@ class DPSGD(TopologyAlgorithm):
     """
 
     name = "dpsgd"
+    settings = ("headline",)  # which accuracy it reports, not how it trains
     shardable = True
     partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True

@@ -19,6 +19,7 @@ class FedAvg(Algorithm):
     shardable = True
     partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True
+    settings = ("clients_per_round",)
     num_servers = 1
     headline = "consensus"
 

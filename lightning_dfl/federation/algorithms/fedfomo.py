@@ -122,6 +122,7 @@ class FedFomo(TalliedTasks, Algorithm):
     """
 
     name = "fedfomo"
+    settings = ("num_neighbors",)
     shardable = True
     reads_only_sources = True  # its plan names the M models each client receives
     partitionable = True  # and its hooks read other nodes as sources only

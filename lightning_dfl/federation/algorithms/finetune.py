@@ -43,6 +43,7 @@ class _FineTuned:
     """The fine-tuning evaluation added to a method with a shared model (mixed in before it)."""
 
     headline = "personal"  # each client's personal model is its fine-tuned copy of the shared model
+    settings = ("finetune_epochs",)
 
     def _init_finetune(self, finetune_epochs: int | None) -> None:
         if finetune_epochs is not None:

@@ -5,8 +5,9 @@ The original's iteration (``decentralized_worker_manager.run_sync``, baselines n
 
 1. the topology is a maximum matching on the links above a bandwidth threshold; with uniform
    bandwidth, a random perfect matching, W_ii = W_i,pi(i) = 1/2;
-2. each client sparsifies its model (random-k, ``compress_ratio`` 0.01 by default; top-k as an
-   option) and sends the selected values (and their indices) to its one peer;
+2. each client sparsifies its model (random-k; top-k as an option) and sends the selected values (and
+   their indices) to its one peer: ``max(1, int(n (1 - compress_ratio)))`` of each tensor's n entries,
+   99% with its default ``compress_ratio`` 0.01 (our ``compress_ratio`` is the share sent: 0.99);
 3. the receiver forms 1/2 x_i + 1/2 (the peer's values at the peer's indices, zeros elsewhere) and
    overwrites only its OWN selected coordinates with it (``uncompress`` then ``uncompress_direct``);
    every other coordinate is unchanged;
@@ -57,8 +58,12 @@ class GossipFL(Algorithm):
     model's.
 
     Args:
-        compress_ratio: the share of each tensor's entries a client sends, in (0, 1] (SAPS_FL's
-            ``compress_ratio``, 0.01).
+        compress_ratio: the share of each tensor's entries a client sends, in (0, 1]. SAPS_FL's own
+            ``compress_ratio`` is the share it drops (``compression/compressors_simple.py`` keeps
+            ``max(1, int(n * (1 - ratio)))`` entries for random-k and top-k), and its default 0.01
+            (``experiments/configs_algorithm/SAPS_FL.conf``) sends 99%: 0.99 here, the default (until
+            2026-12-02 the default was 0.01, 1% sent, called SAPS_FL's default). Another value is labelled,
+            e.g. "GossipFL (ratio 0.01)".
         compressor: ``"random_k"`` (default: coordinates drawn from the pair's shared seed, values only)
             or ``"top_k"`` (each side's largest entries, values plus 4-byte indices).
     """
@@ -68,10 +73,11 @@ class GossipFL(Algorithm):
     partitionable = True  # its hooks read other nodes as sources only
     title = "GossipFL"
     reads_only_sources = True
-    #: SAPS_FL's defaults: compress_ratio 0.01 and one SGD step per gossip (``trainer.local_steps: 1``)
-    ORIGINAL_RATIO = 0.01
+    #: SAPS_FL's defaults: 99% of each tensor sent (its compress_ratio 0.01 is the share dropped) and one SGD
+    #: step per gossip (``trainer.local_steps: 1``)
+    phrases = {"compress_ratio": "ratio {value}"}
 
-    def __init__(self, compress_ratio: float = 0.01, compressor: str = "random_k") -> None:
+    def __init__(self, compress_ratio: float = 0.99, compressor: str = "random_k") -> None:
         check_codec_choice(compressor, COMPRESSORS, "compressor")
         if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, (int, float)) \
                 or not 0 < compress_ratio <= 1:
@@ -82,8 +88,9 @@ class GossipFL(Algorithm):
         self._cadence: tuple[int, int | None] | None = None  # the trainer's (local_epochs, local_steps), once seen
 
     def deviations(self) -> list[str]:
-        """What departs from SAPS_FL's rule (ratio 0.01, one SGD step per gossip), for the reports' label."""
-        out = [] if self.compress_ratio == self.ORIGINAL_RATIO else [f"ratio {self.compress_ratio:g}"]
+        """What departs from SAPS_FL's rule (its default sends 99% of each tensor, ``compress_ratio`` 0.99 here;
+        one SGD step per gossip), for the reports' label."""
+        out = super().deviations()
         if self._cadence is not None:
             epochs, steps = self._cadence
             if steps is None:

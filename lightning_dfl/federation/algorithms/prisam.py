@@ -145,6 +145,8 @@ class PRISAM(TopologyAlgorithm):
     """
 
     name = "prisam"
+    #: rho, the groups and who takes part set the experiment (the paper varies them)
+    settings = ("ratio", "num_groups", "participants_per_round", "churn", "participants_draw")
     shardable = True
     reads_only_sources = True
     partitionable = True  # its planning reads the clients' shared masks through the store's gather_nodes

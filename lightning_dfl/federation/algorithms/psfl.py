@@ -60,6 +60,9 @@ class PSFL(Algorithm):
     """
 
     name = "psfl"
+    #: N0 and the reported target set the experiment; the structure and sampler are named by deviations()
+    settings = ("clients_per_round", "target_accuracy", "sequences", "sampler")
+    phrases = {"sigma2_estimator": "sigma^2 per minibatch"}
     shardable = True
     partitionable = True  # its hooks read other nodes as sources only
     title = "PSFL"
@@ -131,10 +134,19 @@ class PSFL(Algorithm):
 
     def deviations(self) -> list[str]:
         """A fixed structure (no warm-up) is named with its sampler, and "= FedAvg" (S = 1) or "= SFL" (W = 1)
-        when it is that baseline (psfl-notes 11); the mini-batch sigma^2 departs from Eq. 24."""
+        when it is that baseline (psfl-notes 11); a solved one with another sampler than Sec. V-C's time-based
+        one names it; then the rule options (the mini-batch sigma^2 departs from Eq. 24)."""
         if self.sequences is not None:
-            return [f"W = {self.sequences}, S = {self.clients_per_round // self.sequences}, {self.sampler}"]
-        return ["sigma^2 per minibatch"] if self.sigma2_estimator == "minibatch" else []
+            structure = [f"W = {self.sequences}, S = {self.clients_per_round // self.sequences}, {self.sampler}"]
+        else:
+            structure = [] if self.sampler == "time" else [f"{self.sampler} sampler"]
+        return structure + super().deviations()
+
+    def inert_options(self) -> tuple[str, ...]:
+        """With a fixed structure there is no warm-up: its options do nothing."""
+        if self.sequences is None:
+            return ()
+        return ("warmup_rounds", "kappa2_estimator", "c0", "sigma2_estimator", "continue_from_warmup")
 
     def baseline(self) -> str | None:
         """``"FedAvg"`` when the fixed structure is W = N0 sequences of one client, ``"SFL"`` when it is one

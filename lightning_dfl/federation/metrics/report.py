@@ -274,12 +274,16 @@ class RunSummary:
     headline_metric: str = HEADLINES["personal"][0]
     #: what that metric is, as the printed summary names it
     headline: str = HEADLINES["personal"][1]
+    #: why the run ended before its last round (``None``: it ran them all), e.g. "diverged in round 380 of 400"
+    stopped: str | None = None
 
     @classmethod
     def from_history(cls, algorithm: Any, history: list[dict[str, float]], wall_time_s: float,
-                     log_dir: str | None, final_density: float | None = None) -> "RunSummary":
+                     log_dir: str | None, final_density: float | None = None,
+                     stopped: str | None = None) -> "RunSummary":
         """``final_density``: the mean over all clients (:func:`mean_client_density`); without it, the last
-        round's ``density/mean``, which covers only the clients that trained in it."""
+        round's ``density/mean``, which covers only the clients that trained in it. ``stopped``: why the
+        history ends before the run's last round."""
         last = history[-1]
         headline = [m["acc/headline"] for m in history if "acc/headline" in m]
         rounds = len(history)
@@ -300,6 +304,7 @@ class RunSummary:
             label=algorithm.label() if hasattr(algorithm, "label") else None,
             headline_metric=metric,
             headline=described,
+            stopped=stopped,
         )
 
     def to_json(self) -> str:

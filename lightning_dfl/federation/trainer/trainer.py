@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import Logger
 
 from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.datamodules import FederatedDataModule
-from lightning_dfl.errors import mark_in_round, writing
+from lightning_dfl.errors import RunDiverged, mark_in_round, writing
 from lightning_dfl.federation.algorithms import Algorithm, DisPFL
 from lightning_dfl.federation.algorithms.base import check_plans
 from lightning_dfl.federation.loop.callback_hooks import merge_callbacks
@@ -265,7 +265,10 @@ class FederatedTrainer(TrainerView):
             for round_idx in range(first_round, s.rounds):
                 try:
                     metrics = self.run_round(round_idx)
-                except Exception as err:  # after validation: a bug, unless the run diverged (see lightning_dfl.errors)
+                except RunDiverged as err:  # the rounds before it are the run's results: summarized, then it stops
+                    mark_in_round(err, round_idx)
+                    raise self._diverged(err, round_idx, time.perf_counter() - start) from err
+                except Exception as err:  # after validation: a bug (see lightning_dfl.errors)
                     mark_in_round(err, round_idx)
                     raise
                 last = round_idx == s.rounds - 1
@@ -280,6 +283,24 @@ class FederatedTrainer(TrainerView):
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx + 1} of {s.rounds}")
         self._finish(model, first_round, time.perf_counter() - start)
         return self.summary
+
+    def _diverged(self, err: RunDiverged, round_idx: int, wall_s: float) -> RunDiverged:
+        """A run that diverged in ``round_idx``: the summary of the rounds before it (``stopped`` says why it
+        ends there), written to ``summary.json`` by process 0 where the run has a folder; the error to raise."""
+        if not self.history:
+            return err
+        what = f"diverged in round {round_idx + 1} of {self.settings.rounds}"
+        self.summary = report.RunSummary.from_history(self.algorithm, self.history, wall_s, self.log_dir,
+                                                      stopped=what)
+        if self.is_global_zero and self.log_dir:
+            self.summary.save(self.log_dir)
+            n = len(self.history)
+            where = f" {Path(self.log_dir) / 'summary.json'} summarizes {f'rounds 1 to {n}' if n > 1 else 'round 1'}."
+        else:
+            where = ""
+        stopped = RunDiverged(f"{err}{where}")
+        stopped.__dict__.update(err.__dict__)  # its round mark
+        return stopped
 
     def _agreed(self, requested: bool) -> bool:
         """Whether any process was asked to stop (one process: ``requested``)."""
