@@ -562,8 +562,8 @@ def test_every_client_diverging_is_one_line_naming_round_clients_and_cause(tmp_p
 
 
 def test_a_run_that_diverges_after_some_rounds_writes_their_summary_and_says_where(tmp_path):
-    """A run that trained a while before every client diverged (configs/beer_digits_same_batch.yaml at round 380)
-    still reports those rounds: summary.json, with ``stopped``, then exit 3 naming the file."""
+    """A run that trained a while before every client diverged (configs/beer_digits_same_batch.yaml, in round 322
+    or 380 by the CPU) still reports those rounds: summary.json, with ``stopped``, then exit 3 naming the file."""
     (tmp_path / "poison.py").write_text(
         "import torch\n"
         "from lightning_dfl.callbacks.base import FederatedCallback\n\n\n"
@@ -585,7 +585,7 @@ def test_a_run_that_diverges_after_some_rounds_writes_their_summary_and_says_whe
     summary = json.loads(summary_file.read_text())
     assert summary["rounds"] == 1 and summary["stopped"] == "diverged in round 2 of 3"
     assert summary["final_accuracy"] > 0.1  # round 1's results, as a finished run reports them
-    assert f"{summary_file} summarizes round 1." in " ".join(done.stderr.split())
+    assert f"(checkpoint_every=0). {summary_file} summarizes round 1." in " ".join(done.stderr.split())
 
 
 def test_a_diverged_run_names_the_checkpoint_it_leaves_or_says_there_is_none(tmp_path):

@@ -174,13 +174,13 @@ class Recorder(DFedAvgM):
         before = ctx.worker_weights()
         result = super().aggregate(ctx, messages)
         senders = [m.sender for m in messages]
-        self.log[(ctx.round_idx, ctx.node)] = (before, senders, {n: t.clone() for n, t in result.items()})
+        self.log[(ctx.round_idx, ctx.node)] = (before, senders, {n: t.clone() for n, t in (result or before).items()})
         return result
 
 
 def test_da_rule_adds_the_mean_fp16_delta_to_the_own_model():
     first = RoundModels()
-    algo = Recorder(num_neighbors=2, rule="da", clip_grad_norm=10.0)
+    algo = Recorder(num_neighbors=2, rule="da", clip_grad_norm=10.0, weighting="uniform")
     algo.log = {}
     trainer = _run(algo, rounds=2, momentum=0.0, callbacks=[first])
     x0 = algo.log[(0, 0)][0]  # round 0: no sources, training starts from the shared x^0
@@ -198,6 +198,53 @@ def test_da_rule_adds_the_mean_fp16_delta_to_the_own_model():
     assert trainer.history[1]["comm/busiest_bytes"] == 2 * trainer.store.active_values(0) * 2  # fp16 deltas
 
 
+def _run_dirichlet(algorithm, callbacks=None):
+    """Two rounds on a Dirichlet partition (the clients' sample counts differ)."""
+    dm = FederatedDataModule(dataset="digits", num_clients=K, batch_size=32, test_samples_per_client=30,
+                             partition="dirichlet", alpha=0.5)
+    model = SparseClassifier(arch="cnn_digits", density=1.0, lr=0.05, momentum=0.0)
+    trainer = FederatedTrainer(algorithm=algorithm, rounds=2, logger=False, accelerator="cpu", cpu_threads=1,
+                               enable_progress_bar=False, callbacks=callbacks, local_steps=3)
+    trainer.fit(model, dm)
+    return trainer, [dm.client_train_size(k) for k in range(K)]
+
+
+def test_da_rule_weighs_the_deltas_by_sample_count_by_default():
+    """The DA copy (dfedavgm_api.py _aggregate): x_i + sum_j n_j Delta_j / sum_l n_l over N_i u i."""
+    first = RoundModels()
+    algo = Recorder(num_neighbors=2, rule="da")
+    assert algo.weighting == "samples" and DFedAvgM().weighting == "uniform"
+    algo.log = {}
+    trainer, counts = _run_dirichlet(algo, callbacks=[first])
+    assert len(set(counts)) > 1, counts  # the weights differ from 1/(M+1)
+    x0 = algo.log[(0, 0)][0]
+    z0 = first.models[0]
+    deltas = [{n: (z0[j][n] - x0[n]).half().double() for n in x0} for j in range(K)]
+    for k in range(K):
+        own, senders, aggregated = algo.log[(1, k)]
+        total = sum(counts[j] for j in senders)
+        for n in x0:
+            expected = z0[k][n].double() + sum(counts[j] / total * deltas[j][n] for j in senders)
+            assert torch.allclose(aggregated[n].double(), expected, rtol=0, atol=1e-6), (k, n)
+    assert algo.label() == "dfedavgm (message_dtype float16, rule da, weighting samples)"
+
+
+def test_samples_weighting_mixes_the_models_by_sample_count():
+    """weighting="samples" under the original rule: x_i = sum_j n_j z_j / sum_l n_l over N_i u i."""
+    first = RoundModels()
+    algo = Recorder(num_neighbors=2, weighting="samples")
+    algo.log = {}
+    trainer, counts = _run_dirichlet(algo, callbacks=[first])
+    z0 = first.models[0]
+    for k in range(K):
+        _, senders, aggregated = algo.log[(1, k)]
+        total = sum(counts[j] for j in senders)
+        for n in z0[0]:
+            expected = sum(counts[j] / total * z0[j][n].double() for j in senders)
+            assert torch.allclose(aggregated[n].double(), expected, rtol=0, atol=1e-6), (k, n)
+    assert algo.label() == "dfedavgm (weighting samples)"
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"momentum": 1.0}, r"momentum \(theta\) must be a number in \[0, 1\), got 1.0"),
     ({"momentum": "0.9"}, r"momentum \(theta\) must be a number in \[0, 1\), got '0.9'"),
@@ -205,6 +252,7 @@ def test_da_rule_adds_the_mean_fp16_delta_to_the_own_model():
     ({"message_dtype": "int8"}, r"unknown message_dtype 'int8'; allowed: float32, float16"),
     ({"rule": "da", "message_dtype": "float32"}, r"message_dtype must be 'float16' or None, got 'float32'"),
     ({"clip_grad_norm": 0}, r"clip_grad_norm must be a number > 0 or None, got 0"),
+    ({"weighting": "size"}, r"unknown weighting 'size'; allowed: uniform, samples"),
     ({"topology": "star"}, r"star"),
 ])
 def test_bad_arguments_are_named(kwargs, message):

@@ -60,6 +60,35 @@ def run():
     return trainer, algo
 
 
+class Scores(FedFomo):
+    """Records each client's accuracy at both stages of its task."""
+
+    def evaluate(self, ctx, stage):
+        acc = float(super().evaluate(ctx, stage))
+        self.scores[(stage, ctx.round_idx, ctx.node)] = acc
+        return acc
+
+
+def test_the_after_aggregation_headline_scores_each_client_before_it_trains():
+    """headline="aggregated" (the original's local_eval after initialize_clients): acc/headline is the mean of
+    the clients' aggregated models' accuracies, not of their trained ones; labelled."""
+    algo = Scores(num_neighbors=M, headline="aggregated")
+    algo.scores = {}
+    dm = FederatedDataModule(dataset="digits", num_clients=K, batch_size=32, test_samples_per_client=30,
+                             max_train_samples=300, partition="iid")
+    model = SparseClassifier(arch="cnn_digits", density=1.0, lr=0.05)
+    trainer = FederatedTrainer(algorithm=algo, rounds=2, local_epochs=1, logger=False, accelerator="cpu",
+                               enable_progress_bar=False, cpu_threads=1)
+    trainer.fit(model, dm)
+    for r, row in enumerate(trainer.history):
+        aggregated = np.mean([algo.scores[("aggregated", r, k)] for k in range(K)])
+        trained = np.mean([algo.scores[("trained", r, k)] for k in range(K)])
+        assert row["acc/headline"] == pytest.approx(aggregated, abs=1e-9) == row["acc/aggregated_mean"]
+        assert row["acc/personal_mean"] == pytest.approx(trained, abs=1e-9)
+    assert any(row["acc/headline"] != row["acc/personal_mean"] for row in trainer.history)
+    assert algo.label() == "fedfomo (scored after aggregation)" and FedFomo().label() == "fedfomo"
+
+
 def test_weights_by_hand_and_the_guarded_zero_distance():
     # own loss 2; a better model at distance 0.5, a worse one at 2, and one equal to theta_i (0/0)
     assert fomo_weights(2.0, [1.0, 3.0, 2.0], [0.5, 2.0, 0.0]) == [2.0, -0.5, 0.0]
@@ -145,6 +174,7 @@ def test_validation_split_is_fixed_and_held_out(run):
     ({"epsilon_decay": -0.1}, "epsilon_decay must be a number >= 0, got -0.1"),
     ({"val_fraction": 1.0}, "val_fraction must be a number in \\(0, 1\\), got 1.0"),
     ({"affinity_update": "sum"}, "unknown affinity_update 'sum'; allowed: raw, normalized"),
+    ({"headline": "final"}, "unknown headline 'final'; allowed: personal, aggregated"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):

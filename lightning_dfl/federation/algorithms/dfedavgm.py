@@ -24,13 +24,20 @@ tasks have no sources, train from x_i^0 and send nothing. The run ends with the 
 back, counted 2 bytes per value (the notes' "fp16 as an optional Q", applied to the model; the
 paper's Alg. 2 quantizes the difference z_j - x_j, which is not implemented). ``rule="da"``: the
 DA-DPFL authors' copy (notes section 4, "DA copy"), a compatibility mode, never the default: each
-client keeps Delta_i = fp16(z_i - x_i) as a published field; x_i <- x_i + 1/(M+1) sum_{j in N_i u i}
-Delta_j^{t-1} (models are never averaged), then x_i <- z_i = SGD_E(x_i); its messages are the fp16
+client keeps Delta_i = fp16(z_i - x_i) as a published field; x_i <- x_i + sum_{j in N_i u i} W_ij
+Delta_j^{t-1} (W by sample count, below; models are never averaged), then x_i <- z_i = SGD_E(x_i); its messages are the fp16
 deltas (2 bytes per value). The DA scripts also clip gradients at norm 10 (``clip_grad_norm``).
+
+**Weighting.** ``weighting="uniform"`` is the paper's W_ij = 1/(M+1); ``"samples"`` weighs each source by its
+training sample count, W_ij = n_j / sum_{l in N_i u i} n_l: the DA copy's ``_aggregate`` of the neighbours'
+deltas (``dfedavgm_api.py`` lines 122-129 and 190-202, self appended at line 117), hence the default under
+``rule="da"`` (``None``: ``"samples"`` there, ``"uniform"`` under the original rule). Sample weights make W
+row-stochastic only (not doubly stochastic), so the consensus drifts toward the larger clients.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -46,6 +53,8 @@ from lightning_dfl.federation.store import StateField
 RULES = ("original", "da")
 #: message dtypes and the bytes each floating value costs
 MESSAGE_DTYPES = {"float32": 4, "float16": 2}
+#: ``"uniform"``: W_ij = 1/(M+1) (the paper); ``"samples"``: W_ij by the sources' sample counts (the DA copy)
+WEIGHTINGS = ("uniform", "samples")
 DELTA_FIELD = "dfedavgm/delta"
 _START = "dfedavgm/start"
 
@@ -66,17 +75,19 @@ class DFedAvgM(TopologyAlgorithm):
             ``None``: float32, or float16 for ``rule="da"`` (the only dtype that rule allows).
         rule: ``"original"`` (default) or ``"da"`` (the DA authors' delta rule, compatibility only).
         clip_grad_norm: clip each step's gradient to this global norm (``None``: no clipping; DA: 10).
+        weighting: the sources' weights W_ij: ``"uniform"`` (1/(M+1), the paper) or ``"samples"`` (by sample
+            count, the DA copy); ``None``: ``"samples"`` for ``rule="da"``, else ``"uniform"``.
     """
 
     name = "dfedavgm"
-    reference = {"message_dtype": "float32"}  # the default None is float16 under rule "da"
+    reference = {"message_dtype": "float32", "weighting": "uniform"}  # the defaults None depend on the rule
     shardable = True
     partitionable = True  # its hooks read other nodes as sources only
     reads_only_sources = True
 
     def __init__(self, num_neighbors: int = 10, topology: str = "time_varying", momentum: float = 0.9,
                  message_dtype: str | None = None, rule: str = "original",
-                 clip_grad_norm: float | None = None) -> None:
+                 clip_grad_norm: float | None = None, weighting: str | None = None) -> None:
         super().__init__(num_neighbors, topology)
         if not is_number(momentum) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum (theta) must be a number in [0, 1), got {momentum!r}")
@@ -89,11 +100,16 @@ class DFedAvgM(TopologyAlgorithm):
         if rule == "da" and message_dtype != "float16":
             raise ValueError(f"rule='da' sends fp16 deltas: message_dtype must be 'float16' or None, "
                              f"got {message_dtype!r}")
+        if weighting is None:
+            weighting = "samples" if rule == "da" else "uniform"
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"unknown weighting {weighting!r}; allowed: {', '.join(WEIGHTINGS)} (or None: by the rule)")
         if clip_grad_norm is not None and (not is_number(clip_grad_norm) or clip_grad_norm <= 0):
             raise ValueError(f"clip_grad_norm must be a number > 0 or None, got {clip_grad_norm!r}")
         self.momentum = float(momentum)
         self.message_dtype = message_dtype
         self.rule = rule
+        self.weighting = weighting
         self.clip_grad_norm = None if clip_grad_norm is None else float(clip_grad_norm)
         self._codec = build_codec("masked", send_mask=False, bytes_per_value=MESSAGE_DTYPES[message_dtype])
 
@@ -122,6 +138,9 @@ class DFedAvgM(TopologyAlgorithm):
         plan = parallel_plan(ctx, neighbors)
         if ctx.exchange > 0:
             plan = RoundPlan(ctx.round_idx, [Task(t.node, t.sources, train=False) for t in plan.tasks])
+        if self.weighting == "samples":  # W_ij = n_j / sum_l n_l over the task's sources (the DA copy)
+            plan = RoundPlan(ctx.round_idx, [replace(t, coefficients=tuple(float(ctx.sample_counts[s.node])
+                                                                           for s in t.sources)) for t in plan.tasks])
         return plan
 
     # -- one task -------------------------------------------------------------------------------
@@ -143,7 +162,15 @@ class DFedAvgM(TopologyAlgorithm):
         if self.rule != "da":
             return super().aggregate(ctx, messages)
         start = ctx.worker_weights()  # the node's own published model (z_i^{t-1})
-        if messages:
+        coefficients = ctx.task.coefficients  # None: uniform, 1/(M+1)
+        if messages and coefficients is not None:
+            shares = [c / sum(coefficients) for c in coefficients]  # n_j / sum_l n_l (_aggregate)
+            for name, tensor in start.items():
+                total = torch.zeros_like(tensor)
+                for m, share in zip(messages, shares):
+                    total.add_(m.weights[name].to(tensor.dtype), alpha=share)
+                tensor.add_(total)
+        elif messages:
             for name, tensor in start.items():
                 total = torch.zeros_like(tensor)
                 for m in messages:

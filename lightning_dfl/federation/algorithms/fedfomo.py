@@ -39,6 +39,9 @@ from lightning_dfl.seeding import derive_seed
 
 AFFINITY = "fedfomo/affinity"
 AFFINITY_UPDATES = ("raw", "normalized")
+#: the headline accuracy: ``"personal"`` (each client's model after local training, the common setting) or
+#: ``"aggregated"`` (after aggregation, before training: the original's ``local_eval``, main.py lines 323-329)
+FOMO_HEADLINES = ("personal", "aggregated")
 
 
 def epsilon_at(round_idx: int, epsilon: float = 0.3, decay: float = 0.05) -> float:
@@ -110,6 +113,11 @@ class FedFomo(TalliedTasks, Algorithm):
         val_fraction: the share of the client's training pass held out for the weights (0.2).
         affinity_update: ``"raw"`` (P_ij += w_ij, the paper) or ``"normalized"`` (the code's
             w_ij / |sum_k w_ik|).
+        headline: the reported accuracy: ``"personal"`` (after local training, as every method here is
+            scored) or ``"aggregated"`` (``acc/aggregated_mean``: each client's aggregated model before it
+            trains, as the original scores it: ``server.initialize_clients`` then ``server.local_eval``, then
+            ``local_train``, main.py lines 323-329; its extra aggregation after the last round, lines 382-385,
+            is not run: the last row is the last round's aggregation). Labelled "scored after aggregation".
 
     The split: one pass of the client's training batches drawn by a generator seeded by (seed, client)
     only, so the same samples in the same order every round (:meth:`split`; the datamodule's batches,
@@ -123,12 +131,13 @@ class FedFomo(TalliedTasks, Algorithm):
 
     name = "fedfomo"
     settings = ("num_neighbors",)
+    phrases = {"headline": "scored after aggregation"}
     shardable = True
     reads_only_sources = True  # its plan names the M models each client receives
     partitionable = True  # and its hooks read other nodes as sources only
 
     def __init__(self, num_neighbors: int = 10, epsilon: float = 0.3, epsilon_decay: float = 0.05,
-                 val_fraction: float = 0.2, affinity_update: str = "raw") -> None:
+                 val_fraction: float = 0.2, affinity_update: str = "raw", headline: str = "personal") -> None:
         self.num_neighbors = check_int("num_neighbors (M)", num_neighbors, 1)
         if not is_number(epsilon) or not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"epsilon must be a number in [0, 1], got {epsilon!r}")
@@ -138,6 +147,9 @@ class FedFomo(TalliedTasks, Algorithm):
             raise ValueError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}")
         if affinity_update not in AFFINITY_UPDATES:
             raise ValueError(f"unknown affinity_update {affinity_update!r}; allowed: {', '.join(AFFINITY_UPDATES)}")
+        if headline not in FOMO_HEADLINES:
+            raise ValueError(f"unknown headline {headline!r}; allowed: {', '.join(FOMO_HEADLINES)}")
+        self.headline = headline
         self.epsilon, self.epsilon_decay = float(epsilon), float(epsilon_decay)
         self.val_fraction = float(val_fraction)
         self.affinity_update = affinity_update

@@ -97,9 +97,11 @@ def build_logger(logger: Logger | bool | str | None, root: str, name: str) -> Lo
 #: per kind of headline (``Algorithm.headline``): the metric ``acc/headline`` copies and what it is
 HEADLINES = {
     "personal": ("acc/personal_mean", "mean personalized accuracy"),
+    "aggregated": ("acc/aggregated_mean", "mean personalized accuracy after aggregation, before local training"),
     "consensus": ("acc/consensus_mean", "shared model's mean accuracy over clients"),
     "global": ("acc/global", "global model's accuracy, official test split"),
     "subnetwork": ("acc/subnetwork_mean", "mean subnetwork accuracy (server model x client mask)"),
+    "own_model": ("acc/own_model_mean", "mean accuracy of each client's own last-trained model"),
 }
 
 

@@ -295,10 +295,11 @@ class FederatedTrainer(TrainerView):
         if self.is_global_zero and self.log_dir:
             self.summary.save(self.log_dir)
             n = len(self.history)
-            where = f" {Path(self.log_dir) / 'summary.json'} summarizes {f'rounds 1 to {n}' if n > 1 else 'round 1'}."
+            where = f"{Path(self.log_dir) / 'summary.json'} summarizes {f'rounds 1 to {n}' if n > 1 else 'round 1'}."
         else:
             where = ""
-        stopped = RunDiverged(f"{err}{where}")
+        text = str(err).rstrip()
+        stopped = RunDiverged(f"{text}{' ' if text.endswith('.') else '. '}{where}" if where else text)
         stopped.__dict__.update(err.__dict__)  # its round mark
         return stopped
 
