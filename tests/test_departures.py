@@ -122,6 +122,29 @@ def test_the_labels_of_the_issues_examples():
     assert DisPFL(num_neighbors=4, topology="ring").label() == "dispfl"  # settings are not departures
 
 
+def test_a_subclass_with_arguments_of_its_own_is_labelled_by_its_base_until_it_declares_them():
+    """A recorder or user extension that adds undeclared arguments (stored under other names, or without a
+    default) is labelled by its base's options, not refused at the end of a run; declaring them names them."""
+    from lightning_dfl.federation.algorithms import DisPFL
+
+    class Recorder(DisPFL):
+        def __init__(self, sink, factor=2.0, **kwargs):
+            super().__init__(**kwargs)
+            self._sink, self._factor = sink, factor
+
+    assert Recorder([], factor=3.0).label() == "dispfl"
+    assert Recorder([], regrowth="random").label() == "dispfl (regrowth random)"
+
+    class Scaled(DisPFL):
+        settings = ("sink",)
+
+        def __init__(self, sink=None, factor=2.0, **kwargs):
+            super().__init__(**kwargs)
+            self.sink, self.factor = sink, factor
+
+    assert Scaled(sink=[]).label() == "dispfl" and Scaled(factor=3.0).label() == "dispfl (factor 3)"
+
+
 @pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*.yaml")))
 def test_each_shipped_config_is_labelled_with_its_departures(config):
     """A config's algorithm label names every rule option it sets away from its reference (a config that sets

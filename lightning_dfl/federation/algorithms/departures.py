@@ -13,6 +13,11 @@ bases):
   run's other options (:meth:`~lightning_dfl.federation.algorithms.base.Algorithm.inert_options`: top-k's
   ratio under another compressor).
 
+The options are those of the nearest class in the method resolution order that classified them: a class of
+this package, or one that declares ``settings``, ``reference`` or ``phrases`` in its own body. A subclass that
+adds arguments of its own (a test's recorder, a user's extension) without declaring them is labelled by its
+base's options; it declares them to have them named.
+
 :func:`departures` lists them; :meth:`~lightning_dfl.federation.algorithms.base.Algorithm.deviations` returns
 them (plus what a class adds) and :meth:`~lightning_dfl.federation.algorithms.base.Algorithm.label` writes
 them into ``summary.json``'s ``label``, the comparison tables and the plots' legends.
@@ -23,7 +28,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ["departures", "merged", "options", "rule_options"]
+__all__ = ["classifying", "departures", "merged", "options", "rule_options"]
 
 
 def merged(cls: type, attribute: str) -> Any:
@@ -38,10 +43,22 @@ def merged(cls: type, attribute: str) -> Any:
     return tuple(dict.fromkeys(name for value in values for name in value))
 
 
+_DECLARATIONS = ("settings", "reference", "phrases")
+
+
+def classifying(cls: type) -> type:
+    """The nearest class along ``cls``'s bases (``cls`` itself first) whose options are classified: one of this
+    package's, or one that declares ``settings``, ``reference`` or ``phrases`` in its own body."""
+    for base in cls.__mro__:
+        if base.__module__.split(".")[0] == "lightning_dfl" or any(a in vars(base) for a in _DECLARATIONS):
+            return base
+    return cls
+
+
 def options(cls: type) -> dict[str, Any]:
-    """The named arguments of ``cls.__init__`` with their defaults (``inspect.Parameter.empty`` where none),
-    in order; ``*args`` and ``**kwargs`` are not options."""
-    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    """The named arguments of the ``__init__`` of ``cls``'s :func:`classifying` class with their defaults
+    (``inspect.Parameter.empty`` where none), in order; ``*args`` and ``**kwargs`` are not options."""
+    parameters = list(inspect.signature(classifying(cls).__init__).parameters.values())[1:]
     return {p.name: p.default for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
