@@ -131,8 +131,8 @@ CASES = [
                                                                 "Several machines", "num_nodes=1"]),
     # a hook given as a callable that cannot take the hook's arguments: refused before training (was a crash in it)
     ("lambda_callback_wrong_arity", ["--trainer.callbacks+=LambdaCallback",
-                                     "--trainer.callbacks.init_args.on_fit_start=os.getcwd"],
-     ["LambdaCallback", "on_fit_start=getcwd", "(trainer, pl_module)"]),
+                                     "--trainer.callbacks.init_args.on_fit_start=uuid.uuid4"],
+     ["LambdaCallback", "on_fit_start=uuid4", "(trainer, pl_module)"]),
     ("callback_not_shardable", ["--trainer.devices=2", "--trainer.callbacks+=DeviceStatsMonitor"],
      ["DeviceStatsMonitor", "on_train_batch_end", "sharding protocol", "devices=1"]),
     ("accelerator_absent", ["--trainer.accelerator=mps"], ["MPS"]),

@@ -8,6 +8,7 @@ line on stderr and exit code 2. A run in which every client diverged ends with o
 Anything else, and any error raised inside a round whatever its type, is a bug: its traceback, exit code 1 and a
 last line saying where to report it (:mod:`lightning_dfl.cli.errors`). ``--debug`` (anywhere on the command
 line) or ``LIGHTNING_DFL_DEBUG=1`` shows the traceback instead. Ctrl-C prints how to resume, not a traceback.
+``--safe`` and ``--trust MODULE`` set what a config may import and call (:mod:`lightning_dfl.cli.trust`).
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ from lightning_dfl.cli.analysis import SUBCOMMANDS
 from lightning_dfl.cli.errors import DEBUG_ENV, DEBUG_FLAG, interrupted, report
 from lightning_dfl.cli.fit_help import CLASS_HELP, fit_help, fit_help_request
 from lightning_dfl.cli.help import PROG, HelpFormatter, version
+from lightning_dfl.cli.trust import Policy, applied, strip_flags
 
 # torch, Lightning and the project's modules that need them are imported where they are used (``fit`` in
 # lightning_dfl.cli.fit), so that ``--help``, ``--version`` and the analysis subcommands start in a moment
 
 __all__ = ["COMMANDS", "USAGE", "command_parser", "is_help_request", "main", "show_warning"]
 
-USAGE = """usage: lightning-dfl {fit,schedule,cost,curves,export,plot} ... [--debug] [--version]
+USAGE = """usage: lightning-dfl {fit,schedule,cost,curves,export,plot} ... [--safe [--trust MODULE]] [--debug]
+                     [--version]
 
   fit       train a federation: lightning-dfl fit --config configs/dispfl_digits.yaml (fit --help)
   schedule  DA-DPFL dynamic aggregation: parallelism and delay against M and N (Figs. 8-9)
@@ -41,6 +44,8 @@ USAGE = """usage: lightning-dfl {fit,schedule,cost,curves,export,plot} ... [--de
   export    a client's channel-pruned model as a smaller network, with its size, MACs and latency
   plot      figures of one run: lightning-dfl plot diagnostics RUN_DIR [--out DIR] (needs .[plots])
 
+  --safe    run a config from elsewhere: it may name only lightning_dfl, torch, torchvision and lightning
+            (also LIGHTNING_DFL_SAFE=1); --trust MODULE adds a module of your own (docs/command-line.md)
   --debug   show the full traceback of an error (also LIGHTNING_DFL_DEBUG=1)
   --version print the version
 """
@@ -81,7 +86,7 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     return capture_parser(lambda: _subcommand(name, []))
 
 
-def _run(args: list[str]) -> None:
+def _run(args: list[str], policy: Policy) -> None:
     request = fit_help_request(args)
     if request is not None:
         sys.stdout.write(fit_help(request))
@@ -105,6 +110,11 @@ def _run(args: list[str]) -> None:
     if args[0] == "fit":
         check_class_names(args[1:])  # a project's class name from another module: refused before it is imported
     guard_yaml_loaders()  # every YAML text it loads (inline configs, class options' files) is checked first
+    with applied(policy):  # what a value may import (jsonargparse's denylist; in safe mode only the named packages)
+        _parse_and_run(args)
+
+
+def _parse_and_run(args: list[str]) -> None:
     if args[0] in SUBCOMMANDS:
         _subcommand(args[0], args[1:])
         return
@@ -183,6 +193,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _main(argv: Sequence[str] | None) -> None:
     args, debug = _debug(list(sys.argv[1:] if argv is None else argv))
+    try:
+        args, policy = strip_flags(args)
+    except Exception as err:
+        if debug:
+            raise
+        report(err)
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return
@@ -192,7 +208,7 @@ def _main(argv: Sequence[str] | None) -> None:
     if args[0] not in COMMANDS:
         _command_error(args[0])
     try:
-        _run(args)
+        _run(args, policy)
     except KeyboardInterrupt as err:
         if debug:
             raise

@@ -166,6 +166,17 @@ def _not_on_path(value: str) -> str:
             f"PYTHONPATH=. or install it as a package)")
 
 
+def _denied(path: str, entry: str, policy: Any) -> str:
+    """A value naming an import path ``policy`` refuses (:mod:`lightning_dfl.cli.trust`)."""
+    from lightning_dfl.cli.trust import SAFE_FLAG, TRUST_FLAG
+
+    if policy is not None and policy.safe and entry == "*":
+        return (f"{path!r} is refused: {policy.describe()} (add a module of yours with {TRUST_FLAG} MODULE; run "
+                f"without {SAFE_FLAG} only a config you trust as you would a Python file)")
+    return (f"{path!r} is refused: a config may not name {entry!r} (jsonargparse's import-path denylist: what runs "
+            "commands or code, loads pickles or ends the process); write a Python callback for it instead")
+
+
 def _null_class(option: str | None) -> str:
     """``class_path: null`` (a class option whose class is not named)."""
     kind = _CLASS_OPTIONS.get(option or "", "")
@@ -214,6 +225,7 @@ def error_message(err: BaseException) -> str:
     class_path = re.search(r"Problem with given class_path '([^']+)'", texts)
     import_path = re.search(r"Expected a dot import path string: (\S+)", texts)
     type_error = re.search(r"Expected an? <class '(\w+)'>\. Got value: (.*)", texts)
+    denied = re.search(r"Importing '([^']+)' is not allowed, denied by the '([^']+)' entry", texts)
     own = [e for e in chain if not _in_jsonargparse(e)
            and (isinstance(e, user_errors()) or _is_device_setting(e))]
     try:
@@ -234,6 +246,9 @@ def error_message(err: BaseException) -> str:
         problem = " ".join(str(p) for p in (getattr(yaml_error, "context", None), getattr(yaml_error, "problem", None))
                            if p) or str(yaml_error)
         message, option = f"YAML syntax error{where}: {problem}", None
+    elif denied is not None:
+        policy = next((p for e in chain if (p := getattr(e, "_lightning_dfl_policy", None))), None)
+        message = _denied(*denied.groups(), policy)
     elif own:
         source = own[-1]
         message = str(source.args[0]) if isinstance(source, KeyError) and source.args else str(source)

@@ -16,6 +16,7 @@ from jsonargparse import _optionals as jsonargparse_optionals
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_dfl.cli.help import PROG, HelpFormatter
+from lightning_dfl.cli.trust import check_callables
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.federation.algorithms import ALGORITHMS  # noqa: F401  (imports every algorithm: see below)
 from lightning_dfl.federation.trainer.checkpoint_file import check_file
@@ -121,6 +122,11 @@ class FederatedCLI(LightningCLI):
                                    sub_configs=True)
         parser.add_lightning_class_args(self._model_class, "model")
         parser.add_lightning_class_args(self._datamodule_class, "data")
+
+    def before_instantiate_classes(self) -> None:
+        """In safe mode, refuse a callable-valued setting from outside the trusted modules, before anything is
+        built (:func:`lightning_dfl.cli.trust.check_callables`)."""
+        check_callables(self.config[self.subcommand] if self.subcommand else self.config)
 
     def _set_seed(self) -> None:
         """Refuse ``--seed_everything``: a federation derives every random stream from ``trainer.seed``."""
