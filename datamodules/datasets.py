@@ -51,6 +51,24 @@ DATASETS: Registry[Callable[..., Split]] = Registry("dataset", {
 })
 
 
+#: Name -> (channels, image size) of what the loader returns without an ``image_size`` (fixed by the official format
+#: or the loader's default); the sets of any size (tiny_imagenet's files, image_folder) are not named
+INPUTS: dict[str, tuple[int, int]] = {
+    "digits": (1, 8), "mnist": (1, 28), "cifar10": (3, 32), "cifar100": (3, 32), "svhn": (3, 32),
+    "ham10000": (3, 64),
+}
+
+
+def smallest_input(name: str, image_size: int | None = None) -> tuple[int, int] | None:
+    """The channels and image size data set ``name`` gives its model, known before it is loaded, at their least
+    (one channel where the set's images may be gray or colour), or ``None`` where the size depends on its files:
+    a set-up checks the model against it before loading (a model too large is refused at once, not after the
+    data set is decoded)."""
+    channels, size = INPUTS.get(name, (1, None))
+    size = image_size if image_size is not None else size
+    return None if size is None else (channels, size)
+
+
 def load_dataset(name: str, root: str | os.PathLike | None = None, **kwargs) -> Split:
     """Load data set ``name`` from ``root`` (default :func:`default_data_root`).
 

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_dfl.checks import check_int, check_output_path, check_positive, is_int
 from lightning_dfl.transfers import to_device
 
-from .datasets import DATASETS, EMBEDDED, load_dataset
+from .datasets import DATASETS, EMBEDDED, load_dataset, smallest_input
 from .images import ImageData, Split
 from .partition import (
     PARTITIONERS,
@@ -276,6 +276,11 @@ class FederatedDataModule(L.LightningDataModule):
         if self.download and not self._downloaded:
             load_dataset(self.dataset, self.root, download=True, cache=self.cache)
             self._downloaded = True
+
+    def smallest_input(self) -> tuple[int, int] | None:
+        """The channels and image size the model will get, at their least, known before :meth:`setup` loads the
+        data (:func:`~lightning_dfl.datamodules.datasets.smallest_input`); ``None`` where the files decide."""
+        return smallest_input(self.dataset, self.image_size_override)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the data once, partition it, draw the personal test sets (idempotent)."""

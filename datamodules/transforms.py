@@ -29,10 +29,13 @@ def to_float(x: Tensor) -> Tensor:
     return x
 
 
-def channel_stats(images: Tensor, chunk: int = 8192) -> tuple[list[float], list[float]]:
-    """Per-channel mean and (population) std of ``[N, C, H, W]`` images, in [0, 1] units."""
+def channel_stats(images: Tensor, chunk: int = 8192, chunk_values: int = 1 << 27) -> tuple[list[float], list[float]]:
+    """Per-channel mean and (population) std of ``[N, C, H, W]`` images, in [0, 1] units, converted to float
+    ``chunk`` images at a time, fewer where they hold over ``chunk_values`` values (1 GiB of float64: 891 images of
+    3 x 224 x 224; at least one image)."""
     if images.ndim != 4 or images.shape[0] == 0:
         raise ValueError(f"expected a non-empty [N, C, H, W] tensor, got shape {tuple(images.shape)}")
+    chunk = max(1, min(chunk, chunk_values // max(1, images[0].numel())))
     total = torch.zeros(images.shape[1], dtype=torch.float64)
     squares = torch.zeros_like(total)
     for start in range(0, images.shape[0], chunk):

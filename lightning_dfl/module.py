@@ -13,7 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_dfl.checks import check_bool, check_int, is_int, is_number
 from lightning_dfl.deferred import accumulator_dtype, host_reads_are_cheap
-from lightning_dfl.models import available_models, build_model
+from lightning_dfl.models import available_models, build_model, check_model
 from lightning_dfl.models import model_options as builder_options
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.flops import FlopsProfile, profile_flops
@@ -268,6 +268,19 @@ class SparseClassifier(LightningModule):
                                  "or a datamodule that provides them")
             dm.setup(stage)
             self.build_for(dm)
+
+    def check_for(self, datamodule: Any) -> int | None:
+        """Before ``datamodule`` loads its data: refuse a model that would be too large for it
+        (:func:`~lightning_dfl.models.check_model`: parameter count, the weights' memory), counted for the least
+        input it can give (two classes, its :meth:`smallest_input`), so that nothing it would accept is refused; the
+        sizes given to this module win. Returns that least parameter count; ``None`` (nothing checked) where the
+        data's size is not known before loading."""
+        smallest = getattr(datamodule, "smallest_input", lambda: None)()
+        if smallest is None or self.model is not None:
+            return None
+        classes, channels, size = (given if given is not None else least
+                                   for given, least in zip(self._requested_spec, (2, *smallest)))
+        return check_model(self.hparams.arch, classes, channels, size, **(self.hparams.model_options or {}))
 
     def build_for(self, datamodule: Any) -> None:
         """:meth:`build` for ``datamodule``'s sizes, naming its data set in a mismatch error."""

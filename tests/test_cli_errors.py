@@ -207,7 +207,9 @@ CASES = [
     ("ckpt_missing", ["--ckpt_path={empty}/absent.ckpt"], ["absent.ckpt"]),
     # values that passed their own check but cannot work together with the model, the data or the memory
     ("lr_beyond_float32", ["--model.lr=1e308"], ["model.lr=1e+308", "float32", "3.40282e+38"]),
-    ("image_size_beyond_memory", ["--data.image_size=20000"], ["image_size=20000", "501.80 GiB", "at most"]),
+    ("image_size_beyond_memory", ["--model.arch=resnet18", "--data.image_size=20000"],
+     ["image_size=20000", "501.80 GiB", "at most"]),
+    ("image_size_beyond_the_model", ["--data.image_size=20000"], ["image_size=20000", "parameters", "at most"]),
     ("density_leaves_a_layer_empty", ["--model.density=1e-9"], ["density=1e-09", "'features.0.weight'"]),
     ("mask_exclude_matches_nothing", ["--model.mask_exclude=[nonexistent_layer]"],
      ["nonexistent_layer", "features.0.weight", "classifier.2.weight"]),

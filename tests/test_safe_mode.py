@@ -117,3 +117,26 @@ def test_bad_trust_flags_are_refused(monkeypatch, capsys, args, named):
         assert word in str(err.value), str(err.value)
     line = _refused(capsys, args)  # and through the entry point, one line
     assert named[0] in line
+
+
+def test_python_m_does_not_import_from_the_working_folder_unless_pythonpath_names_it(tmp_path):
+    """``python -m lightning_dfl`` has the import path of the ``lightning-dfl`` command (``python -m`` alone put the
+    working folder first, so a config could import a module lying there)."""
+    import os
+    import subprocess
+    import sys
+
+    marker = tmp_path / "imported"
+    (tmp_path / "cwdmod_safe.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n"
+        "from lightning_dfl.federation.algorithms import DisPFL\n\nclass Foo(DisPFL):\n    pass\n")
+    command = [sys.executable, "-m", "lightning_dfl", "fit", "--config", str(CONFIGS / "dispfl_digits.yaml"),
+               "--trainer.algorithm.class_path=cwdmod_safe.Foo", "--print_config"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    refused = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and not marker.exists(), refused.stderr
+    assert "PYTHONPATH=." in refused.stderr and "cwdmod_safe" in refused.stderr, refused.stderr
+    allowed = subprocess.run(command, cwd=tmp_path, env={**env, "PYTHONPATH": "."}, capture_output=True, text=True,
+                             timeout=300)
+    assert allowed.returncode == 0 and marker.exists(), allowed.stderr
+    assert "class_path: cwdmod_safe.Foo" in allowed.stdout

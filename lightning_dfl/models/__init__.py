@@ -30,7 +30,7 @@ MODELS: Registry[Callable[..., nn.Module]] = Registry("model", {
     "cnn_digits": cnn_digits,  # the embedded 8x8 digits (the CPU default)
 })
 
-__all__ = ["MODELS", "available_models", "build_model", "model_options"]
+__all__ = ["MODELS", "available_models", "build_model", "check_model", "model_options"]
 
 
 def available_models() -> list[str]:
@@ -45,15 +45,27 @@ def model_options(name: str) -> dict[str, object]:
             if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def build_model(name: str, num_classes: int, in_channels: int | None = None,
-                image_size: int | None = None, **kwargs: object) -> nn.Module:
-    """Build model ``name`` for ``num_classes`` classes and square ``image_size`` inputs.
+def check_model(name: str, num_classes: int, in_channels: int | None = None, image_size: int | None = None,
+                **kwargs: object) -> int | None:
+    """What :func:`build_model` checks before it builds (the name, the sizes, the options, the parameter count and
+    the weights' memory, counted on the meta device), without building: a run calls it before its data is loaded.
+    Returns the parameter count (``None`` for a builder that cannot be counted on the meta device)."""
+    builder, args = _checked(name, num_classes, in_channels, image_size, kwargs)
+    return _parameter_count(builder, args, kwargs)
 
-    ``in_channels`` and ``image_size`` default to the model's own setting (3 and 32 for the
-    CIFAR models, 3 and 64 for ``alexnet``/``cnn_ham``, 1 and 8 for ``cnn_digits``).
-    ``kwargs`` are the builder's options (:func:`model_options`). Raises ``ValueError`` for an
-    unknown name or an incompatible size, ``ConfigurationError`` (a ``TypeError``) for an option the builder lacks.
-    """
+
+def _parameter_count(builder: Callable[..., nn.Module], args: tuple, kwargs: dict) -> int | None:
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return sum(p.numel() for p in builder(*args, **kwargs).parameters())
+    except Exception:  # a builder that needs real tensors: built as it is (its own errors name the problem)
+        return None
+
+
+def _checked(name: str, num_classes: int, in_channels: int | None, image_size: int | None,
+             kwargs: dict[str, object]) -> tuple[Callable[..., nn.Module], tuple[int, int, int]]:
     builder = MODELS.get(name)
     num_classes = check_int("num_classes", num_classes, 2)
     params = inspect.signature(builder).parameters
@@ -74,6 +86,19 @@ def build_model(name: str, num_classes: int, in_channels: int | None = None,
         if isinstance(default, float) and not is_number(value):
             raise ValueError(f"model option {option} of {name!r} must be a finite number, got {value!r}")
     _check_size_of(name, builder, (num_classes, in_channels, image_size), kwargs)
+    return builder, (num_classes, in_channels, image_size)
+
+
+def build_model(name: str, num_classes: int, in_channels: int | None = None,
+                image_size: int | None = None, **kwargs: object) -> nn.Module:
+    """Build model ``name`` for ``num_classes`` classes and square ``image_size`` inputs.
+
+    ``in_channels`` and ``image_size`` default to the model's own setting (3 and 32 for the
+    CIFAR models, 3 and 64 for ``alexnet``/``cnn_ham``, 1 and 8 for ``cnn_digits``).
+    ``kwargs`` are the builder's options (:func:`model_options`). Raises ``ValueError`` for an
+    unknown name or an incompatible size, ``ConfigurationError`` (a ``TypeError``) for an option the builder lacks.
+    """
+    builder, (num_classes, in_channels, image_size) = _checked(name, num_classes, in_channels, image_size, kwargs)
     try:
         return builder(num_classes, in_channels, image_size, **kwargs)
     except RuntimeError as err:  # the allocator's "can't allocate memory" / CUDA's "out of memory"
@@ -90,14 +115,10 @@ MAX_PARAMETERS = 2**31
 def _check_size_of(name: str, builder: Callable[..., nn.Module], args: tuple, kwargs: dict) -> None:
     """Refuse a model of more than :data:`MAX_PARAMETERS` parameters, or one whose float32 weights alone exceed the
     available memory, counted on the meta device (no memory, milliseconds) before it is built."""
-    import torch
-
     from lightning_dfl.host_memory import available_bytes, format_bytes
 
-    try:
-        with torch.device("meta"):
-            count = sum(p.numel() for p in builder(*args, **kwargs).parameters())
-    except Exception:  # a builder that needs real tensors: built as it is (its own errors name the problem)
+    count = _parameter_count(builder, args, kwargs)
+    if count is None:
         return
     described = f"model {name!r} with options {kwargs} and image_size={args[2]}"
     if count > MAX_PARAMETERS:

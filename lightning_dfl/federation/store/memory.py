@@ -52,6 +52,24 @@ def compact_store_bytes(template: Mapping[str, Tensor], masked_names: list[str],
     return int(num_nodes * (values + bits))
 
 
+def check_least_store_fits(kind: str, on_cpu: bool, parameters: int, num_nodes: int, machines: int = 1) -> None:
+    """Before the data is loaded and the model built: raise ``MemoryError`` when the dense store on the CPU could
+    not fit even at its least, two float32 copies of a model of ``parameters`` parameters per node (masks and
+    other dtypes left out) for this machine's share of ``num_nodes`` nodes; :func:`check_store_fits` checks the
+    exact size once the model is built."""
+    if kind != "dense" or not on_cpu:
+        return
+    nodes = -(-num_nodes // machines)
+    need, available = nodes * 2 * 4 * parameters, available_bytes()
+    if available is None or need <= available:
+        return
+    raise MemoryError(
+        f"the dense client store of {nodes} nodes needs at least {format_bytes(need)} (two float32 copies of the "
+        f"model's {parameters:,} parameters per node) but only {format_bytes(available)} of memory are available: "
+        "set trainer.store: compact for a sparse model, or choose a smaller model (model_options, image_size) or "
+        "fewer clients; refused before the data is loaded")
+
+
 def check_store_fits(kind: str, template: Mapping[str, Tensor], masked_names: list[str], num_nodes: int,
                      density: float, device: torch.device | str, processes: int = 1) -> None:
     """Raise ``MemoryError`` when the dense store on the CPU, once per process of this machine

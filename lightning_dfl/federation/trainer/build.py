@@ -33,6 +33,7 @@ from lightning_dfl.federation.loop.state import FederationState, RoundProgress
 from lightning_dfl.federation.loop.step_graphs import StepGraphs, check_graphable
 from lightning_dfl.federation.loop.worker import Worker
 from lightning_dfl.federation.store.factory import build_store, state_fields
+from lightning_dfl.federation.store.memory import check_least_store_fits
 from lightning_dfl.federation.trainer.kernel_settings import (
     apply_benchmark,
     apply_matmul_precision,
@@ -57,6 +58,13 @@ class BuiltFederation:
     executor: SerialExecutor
 
 
+def _store_on_cpu(settings: RunSettings) -> bool:
+    """Whether the client store will be on the CPU: asked for, or no CUDA GPU to hold it."""
+    import torch
+
+    return settings.store_device == "cpu" or settings.accelerator == "cpu" or not torch.cuda.is_available()
+
+
 def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any], clock: Clock,
                      model: SparseClassifier, datamodule: FederatedDataModule, owner: Any, history: list[dict[str, float]],
                      executor_factory: Callable[[FederationState], SerialExecutor] | None = None) -> BuiltFederation:
@@ -67,6 +75,11 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
         raise ValueError(f"model must be a SparseClassifier, got {type(model).__name__}")
     if not isinstance(datamodule, FederatedDataModule):
         raise ValueError(f"datamodule must be a FederatedDataModule, got {type(datamodule).__name__}")
+    # a model too large for the data, or a dense store of it too large for the memory: refused before the data loads
+    least = model.check_for(datamodule)
+    if least is not None:
+        check_least_store_fits(settings.store, _store_on_cpu(settings), least,
+                               datamodule.num_clients + algorithm.num_servers, settings.num_nodes)
     datamodule.setup("fit")
     num_clients = datamodule.num_clients
     algorithm.validate(num_clients)
