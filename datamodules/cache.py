@@ -154,11 +154,24 @@ def _drop_stale(folder: Path, slot: str, keep: Path) -> None:
             pass
 
 
+def _wrong_arrays(arrays: Mapping[str, np.ndarray], dtypes: Mapping[str, str] | None) -> str | None:
+    """What of ``arrays`` is not as ``dtypes`` says (a missing array, another dtype), or None."""
+    for name, dtype in (dtypes or {}).items():
+        if name not in arrays:
+            return f"no array {name!r} (it holds {sorted(arrays)})"
+        if arrays[name].dtype != np.dtype(dtype):
+            return f"{name} as {arrays[name].dtype}, not {np.dtype(dtype)}"
+    return None
+
+
 def cached_arrays(kind: str, root: str | os.PathLike, files: Sequence[str | os.PathLike],
                   build: Callable[[], tuple[dict[str, np.ndarray], dict]], params: Mapping[str, object] | None = None,
-                  cache: str | os.PathLike | bool | None = None) -> tuple[dict[str, np.ndarray], dict]:
+                  cache: str | os.PathLike | bool | None = None,
+                  dtypes: Mapping[str, str] | None = None) -> tuple[dict[str, np.ndarray], dict]:
     """The arrays (and JSON-able metadata) that ``build`` decodes from ``files``, served from the cache when an
-    entry of these very files (names, sizes, times), ``params`` and :data:`FORMAT_VERSION` exists.
+    entry of these very files (names, sizes, times), ``params`` and :data:`FORMAT_VERSION` exists, and holds the
+    arrays ``dtypes`` names with those dtypes (numpy names: ``"uint8"``); an entry that does not (written by
+    other code, or by hand) is decoded again, with a warning naming it.
 
     ``build`` returns ``(arrays, meta)``: numpy arrays by name and a JSON-able dict (class names, ...).
     With the cache off, or a source file missing (a download still to come), ``build`` runs uncached.
@@ -171,12 +184,18 @@ def cached_arrays(kind: str, root: str | os.PathLike, files: Sequence[str | os.P
     except OSError:
         return build()
     path = folder / f"{slot}-{key[:16]}{_SUFFIX}"
+    wrong = None
     try:
         arrays, header = read_entry(path)
         if header.get("key") == key and header.get("version") == FORMAT_VERSION:
-            return arrays, header["meta"]
+            wrong = _wrong_arrays(arrays, dtypes)
+            if wrong is None:
+                return arrays, header["meta"]
     except Exception:  # absent, or corrupt, truncated, foreign: rebuilt below
         pass
+    if wrong is not None:
+        warnings.warn(f"the decoded-data cache entry '{path}' holds {wrong}: it is decoded again from the source "
+                      "files and replaced", stacklevel=2)
     arrays, meta = build()
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -76,7 +76,9 @@ def _cached_split(kind: str, root: Path, files: Sequence[str | os.PathLike], bui
                  for part in ("images", "labels")},
                 {"train_classes": list(split.train.classes), "test_classes": list(split.test.classes)})
 
-    out, meta = cached_arrays(kind, root, files, arrays, params, cache)
+    dtypes = {f"{half}_{part}": dtype for half in ("train", "test") for part, dtype in (("images", "uint8"),
+                                                                                          ("labels", "int64"))}
+    out, meta = cached_arrays(kind, root, files, arrays, params, cache, dtypes)
     return Split(*(ImageData(torch.from_numpy(out[f"{half}_images"]), torch.from_numpy(out[f"{half}_labels"]),
                              list(meta[f"{half}_classes"])) for half in ("train", "test")))
 
@@ -90,7 +92,8 @@ def _cached_decode(kind: str, root: Path, parts: dict[str, Sequence[str | os.Pat
         return {name: decode_images(paths, image_size).numpy() for name, paths in parts.items()}, {}
 
     files = [path for paths in parts.values() for path in paths]
-    out, _ = cached_arrays(kind, root, files, arrays, {"image_size": image_size, "parts": list(parts)}, cache)
+    out, _ = cached_arrays(kind, root, files, arrays, {"image_size": image_size, "parts": list(parts)}, cache,
+                           dict.fromkeys(parts, "uint8"))
     return {name: torch.from_numpy(out[name]) for name in parts}
 
 

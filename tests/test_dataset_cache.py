@@ -261,6 +261,24 @@ def test_a_corrupt_entry_is_ignored_and_rebuilt(tmp_path, monkeypatch, damage):
     assert len(calls) == decoded and _entries(folder) == [entry.name]
 
 
+def test_a_whole_entry_of_other_dtypes_is_named_and_rebuilt(tmp_path, monkeypatch):
+    """An entry with a valid key and checksums but float64 images (written by other code or by hand) is not
+    served: a warning names it and the images are decoded again (it was refused later as "images must be uint8",
+    naming no file)."""
+    _image_folder(tmp_path / "data")
+    folder = tmp_path / "cache"
+    first = load_dataset("image_folder", tmp_path / "data", cache=str(folder))
+    (entry,) = folder.glob("*.decoded")
+    arrays, header = cache_module.read_entry(entry)
+    cache_module.write_entry(entry, {n: a.astype(np.float64) for n, a in arrays.items()}, header)
+    calls = _count_calls(monkeypatch, "decode_images")
+    with pytest.warns(UserWarning, match=rf"cache entry '{entry}' holds train as float64, not uint8: it is decoded"):
+        rebuilt = load_dataset("image_folder", tmp_path / "data", cache=str(folder))
+    assert calls
+    _same(first, rebuilt)
+    assert cache_module.read_entry(entry)[0]["train"].dtype == np.uint8  # replaced
+
+
 def test_a_killed_write_leaves_no_entry(tmp_path, monkeypatch):
     _image_folder(tmp_path / "data")
     folder = tmp_path / "cache"

@@ -297,3 +297,65 @@ def test_placed_labels_overlap_neither_each_other_nor_the_markers():
         assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
         for x, y in ax.transData.transform(np.column_stack([xs, ys])):
             assert not (box.x0 < x + half and x - half < box.x1 and box.y0 < y + half and y - half < box.y1)
+
+
+# --- what a run folder's files may hold -----------------------------------------------------
+
+
+def _matrix(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(",".join(map(str, row)) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize(("name", "rows", "message"), [
+    ("bytes.csv", [], "holds no header and no rows"),
+    ("bytes.csv", [["sender", 0, 1]], "holds no rows"),
+    ("bytes.csv", [["s", 0, 1], [0, 0, 5], [1, 1e308, 0]], "line 3, column 2 holds '1e+308'; allowed: a number in [0, "
+                                                            "9.22337e+18]"),
+    ("bytes.csv", [["s", 0, 1], [0, 0, 5], [1, "nan", 0]], "line 3, column 2 holds 'nan'; allowed: a number in"),
+    ("bytes.csv", [["s", 0, 1], [0, 0, 5], [1, 3]], "line 3 has 1 values, expected 2"),
+    ("bytes.csv", [["s", 0, 1], [0, 0, "x"], [1, 3, 0]], "line 2, column 3 holds 'x', not a number"),
+    ("mask_jaccard.csv", [["c", 0, 1], [0, 1, 1.5], [1, 1.5, 1]], "holds '1.5'; allowed: a number in [0, 1] or nan"),
+])
+def test_a_diagnostics_matrix_is_checked_cell_by_cell(tmp_path, name, rows, message):
+    from lightning_dfl.federation.metrics.diagnostics import read_matrix
+
+    path = _matrix(tmp_path / name, rows)
+    with pytest.raises(ValueError) as err:
+        read_matrix(path)
+    assert message in str(err.value) and str(path) in str(err.value), str(err.value)
+
+
+def test_a_diagnostics_matrix_holds_what_was_written(tmp_path):
+    from lightning_dfl.federation.metrics.diagnostics import read_matrix
+
+    jaccard = read_matrix(_matrix(tmp_path / "mask_jaccard.csv", [["c", 0, 1], [0, 1, "nan"], [1, 0.25, 1]]))
+    assert jaccard.shape == (2, 2) and jaccard[1, 0] == 0.25 and math.isnan(jaccard[0, 1])
+
+
+def test_plot_diagnostics_of_a_bad_matrix_is_one_line(tmp_path, capsys):
+    run = _run(tmp_path / "dispfl" / "version_0", "round,diag/spectral_gap\n0,0.5\n")
+    _matrix(run / "diagnostics" / "bytes.csv", [["s", 0, 1], [0, 0, 5], [1, 1e308, 0]])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plot", "diagnostics", str(run), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err and "1e+308" in err, err
+
+
+def test_an_accuracy_histogram_of_nan_says_so():
+    fig = plots.agg_figure(5.0, 4.0)
+    ax = fig.subplots()
+    diagnostics_plots._draw_accuracy(ax, [math.nan, math.nan])
+    assert "every value is NaN" in ax.texts[0].get_text()
+    ax = fig.subplots()
+    with pytest.warns(UserWarning, match="1 of 3 clients' final accuracy is not a number"):
+        diagnostics_plots._draw_accuracy(ax, [0.5, math.nan, 0.7])
+    assert sum(p.get_height() for p in ax.patches) == 2
+
+
+def test_curves_of_an_all_nan_metric_warn_and_take_one_run_alone(tmp_path, capsys):
+    run = _run(tmp_path / "dispfl" / "version_0", "round,acc/headline\n0,nan\n1,nan\n")
+    main(["curves", "--runs", str(run), "--metrics", "[acc/headline]", "--plot", str(tmp_path / "c.png")])
+    assert "acc/headline is NaN in every round (a diverged run?)" in capsys.readouterr().err
+    assert _png(tmp_path / "c.png")

@@ -8,6 +8,8 @@ figures need matplotlib (``pip install -e '.[plots]'``), the printed tables do n
 
 from __future__ import annotations
 
+import math
+import warnings
 from pathlib import Path
 
 from lightning_dfl.cost import CostModel, read_round_metrics, run_cost_curve
@@ -51,8 +53,10 @@ def _metrics_file(run: str) -> Path:
     return path
 
 
-def _run_files(runs: list[str] | None, command: str) -> dict[str, Path]:
-    """Each distinct run (in order) with its metrics.csv; a clear error when none is given."""
+def _run_files(runs: list[str] | str | None, command: str) -> dict[str, Path]:
+    """Each distinct run (in order) with its metrics.csv (one run may be given alone, ``--runs DIR``); a clear error
+    when none is given."""
+    runs = [runs] if isinstance(runs, str) else runs
     if not runs:
         raise ValueError(f"{command} needs --runs: a list of run folders or metrics.csv files, e.g. "
                          "--runs '[runs/dadpfl/version_0,runs/dispfl/version_0]'")
@@ -78,7 +82,7 @@ COST_UNITS = ("C_total(theta) = (1 - theta) x time in s + theta x energy in J, p
 COST_REDUCTIONS = {"sum": "summed over the run's rounds", "mean": "mean over rounds", "last": "final round"}
 
 
-def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],  # noqa: B006
+def cost(runs: list[str] | str | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],  # noqa: B006
          reduce: str = "sum", flops_per_second: float = 80e12, flops_multiplier: float = 5.0,
          compute_power_w: float = 450.0, bandwidth_bps: float = 1e9, network_power_w: float = 1.0,
          plot: str | None = None) -> str:
@@ -89,7 +93,7 @@ def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.
     T_comm), with the round's training FLOPs per client, busiest-node bytes and simulated delay.
 
     Args:
-        runs: run folders (``runs/<algorithm>/version_N``) or their ``metrics.csv``.
+        runs: run folders (``runs/<algorithm>/version_N``) or their ``metrics.csv``: a list, or one run.
         thetas: the weights of energy against time.
         reduce: ``sum`` (whole run), ``mean`` (per round) or ``last`` (final round, as Table II).
         plot: also save Figs. 3-4 (C_total against theta per run, crossings marked) to this file.
@@ -124,12 +128,12 @@ def cost(runs: list[str] | None = None, thetas: list[float] = [0.0, 0.1, 0.2, 0.
     return text
 
 
-def curves(runs: list[str] | None = None, metrics: list[str] = ["acc/headline", "density/mean"],  # noqa: B006
+def curves(runs: list[str] | str | None = None, metrics: list[str] = ["acc/headline", "density/mean"],  # noqa: B006
            plot: str = "curves.png", round_col: str = "round") -> str:
     """Plot logged metrics against the round for several finished runs, one panel per metric.
 
     Args:
-        runs: run folders (``runs/<algorithm>/version_N``) or their ``metrics.csv``.
+        runs: run folders (``runs/<algorithm>/version_N``) or their ``metrics.csv``: a list, or one run.
         metrics: metrics.csv columns, e.g. ``acc/headline``, ``density/mean``, ``comm/busiest_bytes``,
             ``time/delay``, ``voting/score_mean``.
         plot: the figure's file (png, pdf, svg, ... by suffix).
@@ -150,6 +154,9 @@ def curves(runs: list[str] | None = None, metrics: list[str] = ["acc/headline", 
             values = read_round_metrics(files[run], [metric], round_col)
             if not values:
                 raise ValueError(f"{str(files[run])!r} has a {metric!r} column but no round with a value in it")
+            if all(math.isnan(v[metric]) for v in values.values()):
+                warnings.warn(f"{str(files[run])!r}: {metric} is NaN in every round (a diverged run?); its panel "
+                              f"shows no line for {names[run]}", stacklevel=2)
             for r, v in values.items():
                 merged.setdefault(r, {}).update(v)
         per_run[names[run]] = merged

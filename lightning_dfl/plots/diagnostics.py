@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ def _read_diagnostics(run_dir: Path) -> dict[str, Any]:
         matrix = np.zeros((size, size))
         for r in rows:
             matrix[int(r["sender"]), int(r["receiver"])] += float(r["value_bytes"])
-        data["bytes"] = matrix
+        data["bytes"] = matrix if rows else None  # no edge logged yet: the placeholder, not an empty heatmap
     if (folder / "client_labels.csv").is_file():
         with reading(folder / "client_labels.csv"), (folder / "client_labels.csv").open() as fh:
             rows = list(csv.DictReader(fh))
@@ -243,11 +244,17 @@ def _draw_bytes(ax: Any, fig: Any, matrix: Any) -> None:
 def _draw_accuracy(ax: Any, accuracy: Sequence[float] | None) -> None:
     import numpy as np
 
-    if not accuracy:
-        ax.text(0.5, 0.5, "no per-client accuracy", ha="center", va="center")
+    values = 100 * np.asarray(accuracy if accuracy else [], dtype=float)
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        ax.text(0.5, 0.5, "no per-client accuracy" + ("\n(every value is NaN: a diverged run?)" if values.size else ""),
+                ha="center", va="center")
         ax.set_axis_off()
         return
-    values = 100 * np.asarray(accuracy)
+    if finite.size < values.size:
+        warnings.warn(f"{values.size - finite.size} of {values.size} clients' final accuracy is not a number (a "
+                      "diverged client?): the histogram shows the others", stacklevel=2)
+    values = finite
     # edged bars: adjacent bars of equal height stay apart (one wide bar would read as fewer clients)
     ax.hist(values, bins=min(20, max(5, len(values) // 2)), color="C0", alpha=0.8, edgecolor="black", linewidth=0.8)
     ax.axvline(values.mean(), color="k", lw=1.5, label=f"mean {values.mean():.1f}")

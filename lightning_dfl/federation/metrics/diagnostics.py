@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -308,9 +309,35 @@ def write_matrix(path: Path, matrix: np.ndarray, corner: str, fmt: str) -> None:
                                       for v in row.tolist())])
 
 
+#: the values each matrix file may hold: (least, most, NaN allowed); bytes are counts below 2^63
+MATRIX_RANGES = {"mask_jaccard.csv": (0.0, 1.0, True), "bytes.csv": (0.0, float(2**63), False),
+                 "mask_bytes.csv": (0.0, float(2**63), False)}
+
+
 def read_matrix(path: str | Path) -> np.ndarray:
-    """A matrix written by :func:`write_matrix`."""
+    """A matrix written by :func:`write_matrix`, checked: a header and at least one row, square, every cell a number
+    within its file's range (:data:`MATRIX_RANGES`); ``ValueError`` naming the file, the cell and what is allowed."""
+    where = os.fspath(path)
     with reading(path), Path(path).open(newline="") as f:
-        rows = list(csv.reader(f))[1:]
-    return np.array([[float(v) for v in row[1:]] for row in rows], dtype=np.float64)
+        table = list(csv.reader(f))
+    rows = table[1:]
+    if not rows:
+        raise ValueError(f"{where!r} holds {'no header and ' if not table else ''}no rows: a matrix file has a header "
+                         "of column ids and one row per node (the run that wrote it stopped while writing?)")
+    low, high, nan = MATRIX_RANGES.get(Path(path).name, (-math.inf, math.inf, True))
+    values = []
+    for i, row in enumerate(rows):
+        if len(row) != len(rows) + 1:
+            raise ValueError(f"{where!r}: line {i + 2} has {len(row) - 1} values, expected {len(rows)} (one per row "
+                             "of this square matrix)")
+        for j, cell in enumerate(row[1:]):
+            try:
+                value = float(cell)
+            except ValueError:
+                raise ValueError(f"{where!r}: line {i + 2}, column {j + 2} holds {cell!r}, not a number") from None
+            if not (low <= value <= high or (nan and math.isnan(value))):
+                allowed = f"a number in [{low:g}, {high:g}]" + (" or nan" if nan else "")
+                raise ValueError(f"{where!r}: line {i + 2}, column {j + 2} holds {cell!r}; allowed: {allowed}")
+            values.append(value)
+    return np.array(values, dtype=np.float64).reshape(len(rows), len(rows))
 
