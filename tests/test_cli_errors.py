@@ -374,7 +374,7 @@ def test_version(capsys):
     assert version()[:1].isdigit()
 
 
-@pytest.mark.parametrize("first", ["train", "fti", "--config"])
+@pytest.mark.parametrize("first", ["train", "fti", "--config", "--hepl"])
 def test_unknown_subcommand_lists_all_of_them(capsys, first):
     with pytest.raises(SystemExit) as exit_info:
         main([first, "configs/dispfl_digits.yaml"])
@@ -385,6 +385,24 @@ def test_unknown_subcommand_lists_all_of_them(capsys, first):
         assert any(line.strip().startswith(command + " ") for line in err.splitlines()[1:]), err
     if first == "fti":
         assert "did you mean 'fit'?" in err
+    if first == "--hepl":  # a mistyped option, not a misplaced one
+        assert "unknown option '--hepl' (did you mean '--help'?)" in err
+    if first == "--config":
+        assert "the subcommand comes first" in err
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["fit", "--config", str(CONFIGS / "dispfl_digits.yaml"), "--trainer.round=10"], "(did you mean --trainer.rounds?)"),
+    (["fit", "--config", str(CONFIGS / "dispfl_digits.yaml"), "--model.dens=0.3"], "(did you mean --model.density?)"),
+    (["cost", "--run", "runs/x"], "(did you mean --runs?)"),
+    (["plot", "diagnostics", "runs/x", "--ou", "figs"], "--ou"),
+])
+def test_a_prefix_of_an_option_is_not_taken_for_it(capsys, args, named):
+    """argparse took --trainer.round=10 for --trainer.rounds (and --model.dens for --model.density) silently."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "unrecognized arguments" in err and named in err, err
 
 
 def test_fit_help_is_plain_text_with_allowed_values(capsys):

@@ -152,9 +152,9 @@ def test_an_algorithm_that_has_not_opted_in_is_refused_with_the_ones_that_have()
         shardable = False
 
     with pytest.raises(ValueError, match="Unsharded cannot shard its clients across processes yet; use devices=1, "
-                                         "or one of: beer, dadpfl, dfedavgm, dfedsam, dispfl, ditto, dpsgd, dpsgd_ft, "
-                                         "fedavg, fedavg_ft, feddst, fedfomo, gossipfl, local, prisam, psfl, "
-                                         "subfedavg$"):
+                                         "or one of: DisPFL, DADPFL, DPSGD, Local, FedAvg, PSFL, FedAvgFT, DPSGDFT, "
+                                         "Ditto, DFedAvgM, DFedSAM, FedDST, SubFedAvg, FedFomo, GossipFL, BEER, "
+                                         "PRISAM$"):  # the names --trainer.algorithm takes
         check_shardable(Unsharded(), [])
 
 

@@ -51,11 +51,16 @@ USAGE = """usage: lightning-dfl {fit,schedule,cost,curves,export,plot} ... [--sa
 """
 
 COMMANDS = ("fit", *SUBCOMMANDS, "plot")
+#: the options that may come before a subcommand
+GLOBAL_OPTIONS = ("--help", "--version", "--debug", "--safe", "--trust")
 
 
 def _command_error(first: str) -> NoReturn:
     """An unknown subcommand, or an option before any: name the subcommands, one line each."""
-    if first.startswith("-"):
+    close = difflib.get_close_matches(first, GLOBAL_OPTIONS, n=1) if first.startswith("-") else []
+    if close:
+        message = f"unknown option {first!r} (did you mean {close[0]!r}?)"
+    elif first.startswith("-"):
         message = f"the subcommand comes first ({PROG} fit {first} ...)"
     else:
         close = difflib.get_close_matches(first, COMMANDS, n=1)
@@ -69,7 +74,8 @@ def _subcommand(name: str, args: list[str]) -> None:
     """Run an analysis subcommand (``schedule``, ``cost``, ``curves``, ``export``) on its arguments."""
     from jsonargparse import CLI
 
-    CLI(SUBCOMMANDS[name], args=args, exit_on_error=False, formatter_class=HelpFormatter, prog=f"{PROG} {name}")
+    CLI(SUBCOMMANDS[name], args=args, exit_on_error=False, formatter_class=HelpFormatter, prog=f"{PROG} {name}",
+        allow_abbrev=False)  # --run=... is not --runs
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
@@ -125,7 +131,7 @@ def _parse_and_run(args: list[str]) -> None:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-        FederatedCLI(args=args, parser_kwargs={"exit_on_error": False, "prog": PROG})
+        FederatedCLI(args=args, parser_kwargs={"exit_on_error": False, "prog": PROG, "allow_abbrev": False})
 
 
 def is_help_request(args: Sequence[str]) -> bool:

@@ -16,7 +16,7 @@ PLOT_KINDS = {"diagnostics": "spectral gap, consensus distance, mask Jaccard and
 def plot_parser() -> argparse.ArgumentParser:
     """The parser of ``lightning-dfl plot KIND RUN_DIR [--out DIR]``."""
     parser = argparse.ArgumentParser(
-        prog=f"{PROG} plot", exit_on_error=False,
+        prog=f"{PROG} plot", exit_on_error=False, allow_abbrev=False,
         description="Figures of one run (PNG files; needs matplotlib: pip install -e '.[plots]').",
         epilog="kinds: " + "; ".join(f"{k}: {v}" for k, v in PLOT_KINDS.items()))
     parser.add_argument("kind", help=f"what to plot; allowed: {', '.join(PLOT_KINDS)}")

@@ -106,7 +106,8 @@ def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:
     if not _opted_in(type(algorithm)):
         from lightning_dfl.federation.algorithms import ALGORITHMS
 
-        able = sorted(name for name in ALGORITHMS.names() if _opted_in(ALGORITHMS.get(name)))
+        # the class names, as --trainer.algorithm takes them (the registry's lowercase names are not accepted there)
+        able = [ALGORITHMS.get(name).__name__ for name in ALGORITHMS.names() if _opted_in(ALGORITHMS.get(name))]
         raise ValueError(f"{type(algorithm).__name__} cannot shard its clients across processes yet; use devices=1, "
                          f"or one of: {', '.join(able)}")
     for callback in callbacks:
