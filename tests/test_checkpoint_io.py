@@ -255,7 +255,8 @@ def test_disallowed_changes_are_all_named_with_both_values_and_how_to_allow_them
     text = str(err.value)
     assert "lr: checkpoint=0.05 now=0.1" in text and "alpha: checkpoint=0.3 now=0.5" in text
     assert "rounds" not in text.split("\n", 1)[1].split("to resume")[0]  # safe: not refused
-    assert "allow=['alpha', 'lr']" in text
+    # the command line's option (the Python keyword alone read as a CLI hint), and the Python argument
+    assert "--trainer.resume_allow '[alpha,lr]'" in text and "FederatedTrainer(resume_allow=['alpha', 'lr'])" in text
 
 
 def test_allowed_changes_pass_and_are_returned_with_the_safe_ones():

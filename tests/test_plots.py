@@ -359,3 +359,12 @@ def test_curves_of_an_all_nan_metric_warn_and_take_one_run_alone(tmp_path, capsy
     main(["curves", "--runs", str(run), "--metrics", "[acc/headline]", "--plot", str(tmp_path / "c.png")])
     assert "acc/headline is NaN in every round (a diverged run?)" in capsys.readouterr().err
     assert _png(tmp_path / "c.png")
+
+
+def test_curves_without_plot_write_into_the_first_runs_folder(tmp_path, monkeypatch, capsys):
+    """Not ./curves.png, where it replaced another figure unasked."""
+    monkeypatch.chdir(tmp_path)
+    a, b = _run(tmp_path / "a" / "dispfl" / "version_0"), _run(tmp_path / "b" / "dadpfl" / "version_0")
+    main(["curves", f"--runs=[{a},{b}]"])
+    assert f"figure: {a / 'curves.png'}" in capsys.readouterr().out
+    assert _png(a / "curves.png") and not (tmp_path / "curves.png").exists()

@@ -129,20 +129,23 @@ def cost(runs: list[str] | str | None = None, thetas: list[float] = [0.0, 0.1, 0
 
 
 def curves(runs: list[str] | str | None = None, metrics: list[str] = ["acc/headline", "density/mean"],  # noqa: B006
-           plot: str = "curves.png", round_col: str = "round") -> str:
+           plot: str | None = None, round_col: str = "round") -> str:
     """Plot logged metrics against the round for several finished runs, one panel per metric.
 
     Args:
         runs: run folders (``runs/<algorithm>/version_N``) or their ``metrics.csv``: a list, or one run.
         metrics: metrics.csv columns, e.g. ``acc/headline``, ``density/mean``, ``comm/busiest_bytes``,
             ``time/delay``, ``voting/score_mean``.
-        plot: the figure's file (png, pdf, svg, ... by suffix).
+        plot: the figure's file (png, pdf, svg, ... by suffix); None: ``curves.png`` in the first run's folder
+            (never the working folder, where it would replace another run's figure unasked).
         round_col: the column holding the round.
     """
     from lightning_dfl.plots import check_plot_path, plot_curves
 
     files = _run_files(runs, "curves")
     runs = list(files)
+    if plot is None:
+        plot = str(files[runs[0]].parent / "curves.png")
     if not metrics:
         raise ValueError("curves needs --metrics: metrics.csv columns, e.g. '[acc/headline,density/mean]'")
     check_plot_path(plot)

@@ -205,13 +205,14 @@ def compare_identity(saved: Mapping[str, Any], current: Mapping[str, Any], allow
     allowed = set(allow)
     unknown = sorted(allowed - set(keys))
     if unknown:
-        raise ValueError(f"cannot allow {unknown}: not identity keys; the identity keys are {keys}")
+        raise ValueError(f"resume_allow cannot allow {unknown}: not identity keys; the identity keys are {keys}")
     changed = [k for k in keys if k not in saved or k not in current or saved[k] != current[k]]
     refused = [k for k in changed if k not in SAFE_TO_CHANGE and k not in allowed]
     if refused:
         lines = "\n".join(f"  {k}: checkpoint={_shown(saved, k)} now={_shown(current, k)}" for k in refused)
         raise ValueError(f"the checkpoint was written by another configuration:\n{lines}\nto resume anyway, allow "
-                         f"these changes with allow={refused} (the resumed run is then not the one that was saved)")
+                         f"these changes with --trainer.resume_allow '[{','.join(refused)}]' (FederatedTrainer("
+                         f"resume_allow={refused}) in Python; the resumed run is then not the one that was saved)")
     return changed
 
 
