@@ -367,11 +367,17 @@ def test_a_real_console_shows_the_line_and_nothing_else(tmp_path):
 
 
 def test_version(capsys):
+    from importlib.metadata import version as installed
+
     from lightning_dfl.cli.help import version
 
     main(["--version"])
-    assert capsys.readouterr().out.strip() == f"lightning-dfl {version()}"
-    assert version()[:1].isdigit()
+    first, second = capsys.readouterr().out.strip().splitlines()
+    assert first == f"lightning-dfl {version()}" and version()[:1].isdigit()
+    # the stack a bug report needs, read without importing it (it answers where torch fails to import)
+    for package in ("torch", "torchvision", "lightning", "jsonargparse"):
+        assert f"{package} {installed(package)}" in second, second
+    assert f"python {sys.version.split()[0]}" in second
 
 
 @pytest.mark.parametrize("first", ["train", "fti", "--config", "--hepl"])

@@ -209,7 +209,9 @@ def _main(argv: Sequence[str] | None) -> None:
         print(USAGE)
         return
     if args[0] in ("--version", "-V"):
-        print(f"{PROG} {version()}")
+        from lightning_dfl.cli.torch_pair import stack_versions
+
+        print(f"{PROG} {version()}\n{stack_versions()}")
         return
     if args[0] not in COMMANDS:
         _command_error(args[0])

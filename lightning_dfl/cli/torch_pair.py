@@ -12,7 +12,10 @@ from importlib import metadata
 
 from lightning_dfl.errors import ConfigurationError
 
-__all__ = ["check_torch_pair", "mismatch_message"]
+__all__ = ["check_torch_pair", "mismatch_message", "stack_versions"]
+
+#: the libraries whose versions ``lightning-dfl --version`` prints (read from their metadata, nothing imported)
+STACK = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse")
 
 #: what installs a matching pair (the CPU builds; without the index URL, pip's default CUDA builds also match)
 FIX = ("pip install --force-reinstall torch torchvision --index-url https://download.pytorch.org/whl/cpu "
@@ -24,6 +27,14 @@ def _version(package: str) -> str:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "(not installed)"
+
+
+def stack_versions() -> str:
+    """The installed versions of :data:`STACK` and Python in one line (``lightning-dfl --version``'s second), read
+    from the packages' metadata without importing them, so it answers where torch itself fails to import."""
+    import platform
+
+    return ", ".join([*(f"{p} {_version(p)}" for p in STACK), f"python {platform.python_version()}"])
 
 
 def mismatch_message(err: BaseException) -> str | None:
