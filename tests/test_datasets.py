@@ -566,3 +566,16 @@ def test_an_image_whose_name_is_not_utf8_is_read(tmp_path):
         fh.write(b"not an image")
     with pytest.raises(ValueError, match=r"cannot decode image .*bad\\xff\.jpg \("):
         decode_images([broken])
+
+
+def test_no_shipped_config_names_a_data_root():
+    """Every shipped config reads its data from $LIGHTNING_DFL_DATA or the default root (``root: data`` in 26 of
+    them hid both: "image folder not found: data")."""
+    from pathlib import Path
+
+    import yaml
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert len(configs) > 40
+    named = [p.name for p in configs if "root" in ((yaml.safe_load(p.read_text()) or {}).get("data") or {})]
+    assert named == []
