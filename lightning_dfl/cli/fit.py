@@ -160,9 +160,16 @@ class FederatedCLI(LightningCLI):
             self.trainer.run_files["config.yaml"] = self._parser(self.subcommand).dump(config, skip_unset=False)
 
     def after_fit(self) -> None:
+        """Write ``summary.json``; then, where stdout's reader went away during the run (``fit ... | head``), say
+        on stderr that the run finished and where its results are, and end as a command cut short (exit code 1)."""
         summary = self.trainer.summary
         if summary is not None and summary.log_dir:
             summary.save(summary.log_dir)
+        if getattr(self.trainer, "stdout_closed", False):
+            where = f": its results are in {summary.log_dir}" if summary is not None and summary.log_dir else ""
+            sys.stderr.write(f"{PROG}: stdout was closed by its reader during the run (piped into head?); the run "
+                             f"finished{where}\n")
+            raise BrokenPipeError("stdout closed by its reader")
 
 
 def _has_omegaconf() -> bool:

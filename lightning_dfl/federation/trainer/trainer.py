@@ -35,6 +35,7 @@ from lightning_dfl.federation.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from lightning_dfl.federation.trainer.closed_stdout import tolerating_closed_stdout
 from lightning_dfl.federation.trainer.interrupts import Interrupted, stop_requests
 from lightning_dfl.federation.trainer.run_folder import RunFolderLock, check_unused
 from lightning_dfl.federation.trainer.settings import RunSettings
@@ -179,6 +180,8 @@ class FederatedTrainer(TrainerView):
         self.executor_factory: Callable[[FederationState], SerialExecutor] | None = None
         self._datamodule: FederatedDataModule | None = None
         self._fitted = False  # a trainer runs one fit, see :meth:`fit`
+        #: whether stdout's reader went away during fit (the run went on; its printed output is cut short)
+        self.stdout_closed = False
 
     def _call(self, hook: str, *args: Any) -> None:
         self.federation.call(hook, *args)
@@ -233,7 +236,11 @@ class FederatedTrainer(TrainerView):
         self._setup(model, datamodule)
         lock = RunFolderLock()
         try:
-            return self._fit(model, datamodule, ckpt_path, lock)
+            with tolerating_closed_stdout() as stdout:  # "fit ... | head" trains on and writes its results
+                try:
+                    return self._fit(model, datamodule, ckpt_path, lock)
+                finally:
+                    self.stdout_closed = stdout.closed_by_reader
         finally:
             lock.release()
 
