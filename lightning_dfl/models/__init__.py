@@ -50,8 +50,7 @@ def check_model(name: str, num_classes: int, in_channels: int | None = None, ima
     """What :func:`build_model` checks before it builds (the name, the sizes, the options, the parameter count and
     the weights' memory, counted on the meta device), without building: a run calls it before its data is loaded.
     Returns the parameter count (``None`` for a builder that cannot be counted on the meta device)."""
-    builder, args = _checked(name, num_classes, in_channels, image_size, kwargs)
-    return _parameter_count(builder, args, kwargs)
+    return _checked(name, num_classes, in_channels, image_size, kwargs)[2]
 
 
 def _parameter_count(builder: Callable[..., nn.Module], args: tuple, kwargs: dict) -> int | None:
@@ -65,7 +64,8 @@ def _parameter_count(builder: Callable[..., nn.Module], args: tuple, kwargs: dic
 
 
 def _checked(name: str, num_classes: int, in_channels: int | None, image_size: int | None,
-             kwargs: dict[str, object]) -> tuple[Callable[..., nn.Module], tuple[int, int, int]]:
+             kwargs: dict[str, object]) -> tuple[Callable[..., nn.Module], tuple[int, int, int], int | None]:
+    """The builder, the sizes with their defaults, and the parameter count (:func:`_check_size_of`), checked."""
     builder = MODELS.get(name)
     num_classes = check_int("num_classes", num_classes, 2)
     params = inspect.signature(builder).parameters
@@ -85,8 +85,8 @@ def _checked(name: str, num_classes: int, in_channels: int | None, image_size: i
             raise ValueError(f"model option {option} of {name!r} must be an integer, got {value!r}")
         if isinstance(default, float) and not is_number(value):
             raise ValueError(f"model option {option} of {name!r} must be a finite number, got {value!r}")
-    _check_size_of(name, builder, (num_classes, in_channels, image_size), kwargs)
-    return builder, (num_classes, in_channels, image_size)
+    count = _check_size_of(name, builder, (num_classes, in_channels, image_size), kwargs)
+    return builder, (num_classes, in_channels, image_size), count
 
 
 def build_model(name: str, num_classes: int, in_channels: int | None = None,
@@ -98,7 +98,7 @@ def build_model(name: str, num_classes: int, in_channels: int | None = None,
     ``kwargs`` are the builder's options (:func:`model_options`). Raises ``ValueError`` for an
     unknown name or an incompatible size, ``ConfigurationError`` (a ``TypeError``) for an option the builder lacks.
     """
-    builder, (num_classes, in_channels, image_size) = _checked(name, num_classes, in_channels, image_size, kwargs)
+    builder, (num_classes, in_channels, image_size), _ = _checked(name, num_classes, in_channels, image_size, kwargs)
     try:
         return builder(num_classes, in_channels, image_size, **kwargs)
     except RuntimeError as err:  # the allocator's "can't allocate memory" / CUDA's "out of memory"
@@ -112,14 +112,15 @@ def build_model(name: str, num_classes: int, in_channels: int | None = None,
 MAX_PARAMETERS = 2**31
 
 
-def _check_size_of(name: str, builder: Callable[..., nn.Module], args: tuple, kwargs: dict) -> None:
+def _check_size_of(name: str, builder: Callable[..., nn.Module], args: tuple, kwargs: dict) -> int | None:
     """Refuse a model of more than :data:`MAX_PARAMETERS` parameters, or one whose float32 weights alone exceed the
-    available memory, counted on the meta device (no memory, milliseconds) before it is built."""
+    available memory, counted on the meta device (no memory, milliseconds) before it is built; returns the count
+    (None for a builder that cannot be counted there)."""
     from lightning_dfl.host_memory import available_bytes, format_bytes
 
     count = _parameter_count(builder, args, kwargs)
     if count is None:
-        return
+        return None
     described = f"model {name!r} with options {kwargs} and image_size={args[2]}"
     if count > MAX_PARAMETERS:
         raise ValueError(f"{described} has {count:,} parameters; allowed: at most {MAX_PARAMETERS:,} (choose smaller "
@@ -128,3 +129,4 @@ def _check_size_of(name: str, builder: Callable[..., nn.Module], args: tuple, kw
     if available is not None and 4 * count > available:
         raise MemoryError(f"{described} needs {format_bytes(4 * count)} for its weights alone, more than the "
                           f"{format_bytes(available)} of memory available; choose smaller options")
+    return count
