@@ -107,3 +107,23 @@ def test_non_original_settings_are_labelled_in_the_summary(tmp_path, config, lab
                              "--data.num_clients=4", *extra])
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
     assert summary["label"] == label == cli.trainer.algorithm.label()
+
+
+def test_the_summary_names_the_checkpoint_and_the_start_up(tmp_path, capsys):
+    """summary.json and the printed summary give the run's checkpoint (whole, to copy into --ckpt_path) and the
+    start-up before the first round: more than nothing, less than this process has lived."""
+    import time
+
+    from lightning_dfl.startup import process_start
+
+    cli = FederatedCLI(args=["fit", "--config", str(CONFIGS / "dispfl_digits.yaml"), "--trainer.rounds=2",
+                             "--trainer.local_epochs=1", f"--trainer.default_root_dir={tmp_path}",
+                             "--data.num_clients=4", "--trainer.algorithm.init_args.num_neighbors=2",
+                             "--trainer.checkpoint_every=1"])
+    log_dir = Path(cli.trainer.log_dir)
+    summary = json.loads((log_dir / "summary.json").read_text())
+    assert summary["checkpoint"] == str(log_dir / "checkpoints" / "last.ckpt") and Path(summary["checkpoint"]).is_file()
+    assert 0.0 < summary["startup_s"] < time.monotonic() - process_start()
+    lines = capsys.readouterr().out.splitlines()
+    assert f"run folder: {log_dir}" in lines and f"checkpoint: {summary['checkpoint']}" in lines
+    assert f"(after {summary['startup_s']:.1f} s of start-up)" in " ".join(" ".join(lines).split())

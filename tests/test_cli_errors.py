@@ -725,6 +725,32 @@ def test_a_class_from_a_module_in_the_working_folder_that_python_cannot_import_s
            "PYTHONPATH=." in err
 
 
+@pytest.mark.parametrize("module_text, value, reason", [
+    (None, "{pkg}.missing.Foo", "(no module '{pkg}.missing' on Python's path: is it installed, or is its folder in "
+                                "PYTHONPATH?)"),
+    ("import not_installed_dependency_xyz\n", "{pkg}.mod.RingMix",
+     "(importing '{pkg}.mod' failed: No module named 'not_installed_dependency_xyz')"),
+    ("class RingMix:\n    pass\n\n\nclass Other:\n    pass\n", "{pkg}.mod.Ringmix",
+     "(the module '{pkg}.mod' has no 'Ringmix'; its classes: Other, RingMix)"),
+], ids=["no_module", "import_fails", "no_such_class"])
+def test_a_user_class_that_cannot_be_imported_says_why(tmp_path, monkeypatch, capsys, module_text, value, reason):
+    """An import path on Python's path that names no class: the line says which of the three it is, from the
+    import's own error (the module is not imported a second time for the message)."""
+    pkg = f"userpkg_{len(module_text or '')}"
+    (tmp_path / pkg).mkdir()
+    (tmp_path / pkg / "__init__.py").write_text("")
+    if module_text is not None:
+        (tmp_path / pkg / "mod.py").write_text(module_text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        main(_fit(tmp_path, f"--trainer.algorithm={value.format(pkg=pkg)}"))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert f"unknown class '{value.format(pkg=pkg)}'" in err and reason.format(pkg=pkg) in err, err
+    for name in [n for n in sys.modules if n.startswith(pkg)]:
+        monkeypatch.delitem(sys.modules, name)
+
+
 BOMB = "\n".join([f'a: &a [{",".join(["x"] * 9)}]'] + [f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]"
                                                         for p, n in zip("abcdefgh", "bcdefghi")])
 

@@ -67,9 +67,25 @@ def test_no_summary_row_wraps_in_80_columns(headline):
     labels = [line.split("│")[1].strip() for line in rows]
     assert labels == ["accuracy, final round", "accuracy, best round", "density (mean over all clients)",
                       "training FLOPs per client per round", "training FLOPs, whole run",
-                      "busiest node per round (values)", "busiest node per round (masks)", "mean delay (task units)",
-                      "metrics"]
+                      "busiest node per round (values)", "busiest node per round (masks)", "mean delay (task units)"]
     assert "accuracy: " + headline in " ".join(text.split())
+    assert "run folder: runs/resume_demo/psfl_sfl/version_10" in text.splitlines()
+
+
+def test_the_summary_prints_the_run_folder_and_checkpoint_whole_in_a_narrow_terminal():
+    """A path is never cut nor folded to fit the terminal: it is one line below the table, to copy; the title
+    says the start-up before the rounds."""
+    folder = "/home/someone/experiments/" + "a_long_folder_name/" * 6 + "dispfl/version_12"
+    summary = RunSummary(algorithm="dispfl", rounds=40, final_accuracy=0.97, best_accuracy=0.971, final_density=0.5,
+                         flops_per_client_round=5e8, flops_total=4e11, busiest_mb_per_round=1.2,
+                         busiest_mask_mb_per_round=0.08, mean_delay=0.0, wall_time_s=48.14, log_dir=folder,
+                         startup_s=8.23, checkpoint=folder + "/checkpoints/last.ckpt")
+    console = Console(width=60, record=True, file=io.StringIO())
+    print_summary(summary, console)
+    lines = console.export_text().splitlines()
+    assert f"run folder: {folder}" in lines
+    assert f"checkpoint: {folder}/checkpoints/last.ckpt" in lines
+    assert "dispfl: 40 rounds in 48.1 s (after 8.2 s of start-up)" in " ".join(" ".join(lines).split())
 
 
 @pytest.mark.parametrize("metrics, shown", [

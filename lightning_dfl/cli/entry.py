@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+import lightning_dfl.startup  # noqa: F401  (first: where the process's start cannot be read, start-up counts from here)
 from lightning_dfl.cli.analysis import SUBCOMMANDS
 from lightning_dfl.cli.errors import DEBUG_ENV, DEBUG_FLAG, interrupted, report
 from lightning_dfl.cli.fit_help import CLASS_HELP, fit_help, fit_help_request

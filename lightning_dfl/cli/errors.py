@@ -141,11 +141,30 @@ _CLASS_OPTIONS = {"trainer.algorithm": "algorithm",
                   "trainer.clock": "Clock (lightning_dfl.federation.loop.clock)"}
 
 
-def _unknown_class(option: str | None, value: str) -> str:
+def _unknown_class(option: str | None, value: str, chain: Sequence[BaseException] = ()) -> str:
     kind = _CLASS_OPTIONS.get((option or "").removesuffix(".help"), "")
     names = ", ".join(allowed(kind)) if kind == "algorithm" else kind
     return (f"unknown class {value!r}; " + (f"allowed: {names}" if names else "give a class name or import path")
-            + _not_on_path(value))
+            + (_not_on_path(value) or _why_not_imported(value, chain)))
+
+
+def _why_not_imported(value: str, chain: Sequence[BaseException]) -> str:
+    """Why an import path ``value`` (``package.module.Class``) names no class, from the import's own error in
+    ``chain`` (nothing is imported here): its module is not on Python's path, importing it failed (a module it
+    imports is missing), or the module has no such class (its classes are named)."""
+    module, _, name = value.rpartition(".")
+    if not module:
+        return ""
+    failed = next((e for e in chain if isinstance(e, ImportError)), None)
+    if isinstance(failed, ModuleNotFoundError) and failed.name and (module + ".").startswith(failed.name + "."):
+        return f" (no module {failed.name!r} on Python's path: is it installed, or is its folder in PYTHONPATH?)"
+    if failed is not None:
+        return f" (importing {module!r} failed: {failed})"
+    loaded = sys.modules.get(module)
+    if loaded is None:
+        return ""
+    classes = sorted(n for n, v in vars(loaded).items() if isinstance(v, type) and v.__module__ == module)
+    return f" (the module {module!r} has no {name!r}" + (f"; its classes: {', '.join(classes)})" if classes else ")")
 
 
 def _not_on_path(value: str) -> str:
@@ -257,7 +276,7 @@ def error_message(err: BaseException) -> str:
             message = f"{source.strerror or message}: {str(source.filename)!r}"
         message = message.strip() or type(source).__name__
     elif (isinstance(root, (ImportError, AttributeError)) and class_path) or import_path:
-        message = _unknown_class(option, (import_path or class_path)[1])  # type: ignore[index]
+        message = _unknown_class(option, (import_path or class_path)[1], chain)  # type: ignore[index]
     elif type_error is not None:
         message = f"expected {type_error[1]}, got {type_error[2].strip()!r}"
     else:

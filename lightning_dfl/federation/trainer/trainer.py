@@ -16,6 +16,7 @@ from typing import Any
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 
+from lightning_dfl import startup
 from lightning_dfl.allocator import tune_allocator
 from lightning_dfl.datamodules import FederatedDataModule
 from lightning_dfl.errors import RunDiverged, mark_in_round, writing
@@ -243,6 +244,7 @@ class FederatedTrainer(TrainerView):
                     self.stdout_closed = stdout.closed_by_reader
         finally:
             lock.release()
+            startup.fit_ended()
 
     def _fit(self, model: SparseClassifier, datamodule: FederatedDataModule, ckpt_path: str | None,
              lock: RunFolderLock) -> report.RunSummary:
@@ -266,6 +268,7 @@ class FederatedTrainer(TrainerView):
                             getattr(datamodule, "client_groups", None))
         self._call("on_fit_start")
         self._call("on_train_start")
+        self._startup_s = startup.seconds_waited()
         start = time.perf_counter()
         with stop_requests(self._abandon) as stop, report.progress_bar(
                 s.rounds, enabled=s.enable_progress_bar and self.is_global_zero, completed=first_round) as advance:
@@ -298,7 +301,8 @@ class FederatedTrainer(TrainerView):
             return err
         what = f"diverged in round {round_idx + 1} of {self.settings.rounds}"
         self.summary = report.RunSummary.from_history(self.algorithm, self.history, wall_s, self.log_dir,
-                                                      stopped=what)
+                                                      stopped=what, startup_s=self._startup_s,
+                                                      checkpoint=self._checkpoint_written())
         if self.is_global_zero and self.log_dir:
             self.summary.save(self.log_dir)
             n = len(self.history)
@@ -325,7 +329,8 @@ class FederatedTrainer(TrainerView):
         """The run's summary, the end hooks, the logger's last write and the callbacks' teardown."""
         earlier = sum(m.get("time/wall_round_s", 0.0) for m in self.history[:first_round])
         self.summary = report.RunSummary.from_history(self.algorithm, self.history, earlier + wall_s, self.log_dir,
-                                               report.mean_client_density(self.store, self.num_clients))
+                                                      report.mean_client_density(self.store, self.num_clients),
+                                                      startup_s=self._startup_s, checkpoint=self._checkpoint_written())
         self.reporter.warn_without_accuracy(self.summary, self.settings.deadline)
         if self.federation.worker.step_graphs is not None:
             self.federation.worker.step_graphs.report(type(self.algorithm).__name__)
@@ -340,6 +345,10 @@ class FederatedTrainer(TrainerView):
             report.print_summary(self.summary)
         if self.fabric.world_size > 1:  # every process ends its run before any returns (none left running alone)
             self.fabric.barrier()
+
+    def _checkpoint_written(self) -> str | None:
+        """The run's last checkpoint on disk (written by it, or the one it resumed from), if any."""
+        return str(self._last_checkpoint[0]) if self._last_checkpoint is not None else None
 
     def _interrupted(self, exit_code: int, what: str) -> Interrupted:
         return Interrupted.after(exit_code, what, self.checkpoint_path, self.command_line)
