@@ -350,3 +350,15 @@ def test_the_schedules_sit_in_their_layers():
         "lightning_dfl.checks", "lightning_dfl.federation.exchange.schedule"]
     assert [m for m in _imports(schedule) if m.startswith("lightning_dfl")] == []
     assert clock.finish_times is schedule.finish_times is dadpfl_waits.finish_times
+
+
+def test_schedule_table_reports_each_simulated_cell():
+    """`lightning-dfl schedule` shows a bar while it simulates (40 s at its defaults): one call per distinct
+    (M, effective N), in the table's order; N above M is N = M, simulated once."""
+    from lightning_dfl.federation.algorithms.dadpfl_waits import schedule_table
+
+    calls = []
+    rows = schedule_table(num_clients=12, neighbor_sizes=[2, 5], max_waits=[1, 2, None], rounds=20,
+                          progress=lambda done, total: calls.append((done, total)))
+    assert [(r.num_neighbors, r.max_wait) for r in rows] == [(2, 1), (2, 2), (5, 1), (5, 2), (5, 5)]
+    assert calls == [(k, 5) for k in range(1, 6)]

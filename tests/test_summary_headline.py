@@ -94,3 +94,33 @@ def test_the_summary_prints_the_run_folder_and_checkpoint_whole_in_a_narrow_term
 ])
 def test_the_progress_bar_shows_the_loss_to_three_significant_digits(metrics, shown):
     assert progress_status(metrics) == shown
+
+
+@pytest.mark.parametrize("config, extra, planned", [
+    ("dispfl_digits.yaml", ["--data.num_clients=4", "--trainer.algorithm.init_args.num_neighbors=2"], 4),
+    ("fedavg_digits.yaml", ["--data.num_clients=4", "--trainer.algorithm.init_args.clients_per_round=2"], 3),
+], ids=["DisPFL", "FedAvg"])
+def test_the_progress_bar_counts_the_tasks_inside_each_round(tmp_path, monkeypatch, config, extra, planned):
+    """A long round is not a frozen bar: after each task the bar shows 'tasks k/n' of the round (FedAvg: two
+    sampled clients and the server's task)."""
+    from lightning_dfl.federation.metrics import report
+
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(report.RoundBar, "tasks", lambda self, ended, total: seen.append((ended, total)))
+    main(["fit", "--config", str(CONFIGS / config), "--trainer.rounds=2", "--trainer.local_epochs=1",
+          f"--trainer.default_root_dir={tmp_path}", *extra])
+    assert seen == [(k, planned) for k in range(1, planned + 1)] * 2
+
+
+def test_the_round_bar_shows_the_tasks_then_the_round_metrics():
+    from rich.progress import Progress
+
+    from lightning_dfl.federation.metrics.report import RoundBar
+
+    progress = Progress(console=Console(file=io.StringIO()))
+    task = progress.add_task("rounds", total=3, status="")
+    bar = RoundBar(progress, task)
+    bar.tasks(7, 20)
+    assert progress.tasks[0].fields["status"] == "tasks 7/20" and progress.tasks[0].completed == 0
+    bar.advance({"acc/headline": 0.5})
+    assert progress.tasks[0].fields["status"] == "acc 50.0%" and progress.tasks[0].completed == 1

@@ -15,7 +15,7 @@ the standard library); a clock is passed in as a :class:`ComputeTimes`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -273,27 +273,24 @@ def _largest_group(start: np.ndarray) -> np.ndarray:
 
 def schedule_table(num_clients: int = 100, neighbor_sizes: Sequence[int] = (2, 5, 10, 20, 50),
                    max_waits: Sequence[int | None] = (1, 2, 5, 10, 20, None), rounds: int = 10_000,
-                   seed: int = 0) -> list[SchedulingStats]:
+                   seed: int = 0, progress: Callable[[int, int], None] | None = None) -> list[SchedulingStats]:
     """Figs. 8-9 as numbers: one :class:`SchedulingStats` per (M, N).
 
     ``None`` in ``max_waits`` means N = M (waiting for all prior neighbours, the papers' black
     line). A given N above M is waited as N = M ("at most N"), and each (M, effective N) is
-    simulated once.
+    simulated once. ``progress(done, total)`` is called after each (M, N) is simulated.
     """
     if not neighbor_sizes or not max_waits:
         raise ValueError("neighbor_sizes and max_waits must not be empty")
     num_clients = check_int("num_clients", num_clients, 2)
     for m in neighbor_sizes:
         check_int(f"neighbors (M) for {num_clients} clients", m, 1, num_clients - 1)
+    cells = list(dict.fromkeys((m, m if n is None else min(n, m)) for m in neighbor_sizes for n in max_waits))
     rows: list[SchedulingStats] = []
-    for m in neighbor_sizes:
-        seen: set[int] = set()
-        for n in max_waits:
-            effective = m if n is None else min(n, m)
-            if effective in seen:
-                continue
-            seen.add(effective)
-            rows.append(simulate_dynamic_aggregation(num_clients, m, effective, rounds, seed))
+    for m, n in cells:
+        rows.append(simulate_dynamic_aggregation(num_clients, m, n, rounds, seed))
+        if progress is not None:
+            progress(len(rows), len(cells))
     return rows
 
 

@@ -112,6 +112,7 @@ class SerialExecutor:
         freed."""
         reads_only_sources = type(self.state.algorithm).declares("reads_only_sources")  # inherited unless changed
         self.reads = StartReads(plan, self.state.store.release_start) if reads_only_sources else None
+        self.state.progress.plan_started(len(plan.tasks))
 
     def sources_read(self, task: Task) -> None:
         """``task`` has read its sources (its messages are built)."""
@@ -122,6 +123,7 @@ class SerialExecutor:
         """``task`` has ended (its node has published, or it was contained)."""
         if self.reads is not None:
             self.reads.finished(task)
+        self.state.progress.task_ended()
 
     def reads_done(self, task: Task) -> None:
         """``task`` has read its sources and ended (:meth:`sources_read`, :meth:`task_ended`)."""

@@ -44,6 +44,27 @@ class RoundProgress:
     history: list[dict[str, float]] = field(default_factory=list)
     #: what callbacks logged for the round's row (``trainer.log_metrics``), cleared as each round starts
     logged: dict[str, float] = field(default_factory=dict)
+    #: the round's tasks planned so far (its exchanges' plans, as each starts) and those ended, on this process
+    tasks_planned: int = 0
+    tasks_ended: int = 0
+    #: ``listener(tasks_ended, tasks_planned)`` after each task ends: the progress bar's count inside a round
+    listener: Callable[[int, int], None] | None = None
+
+    def start_round(self, round_idx: int) -> None:
+        """Round ``round_idx`` starts: nothing logged, no task planned yet."""
+        self.round_idx = round_idx
+        self.logged.clear()
+        self.tasks_planned = self.tasks_ended = 0
+
+    def plan_started(self, num_tasks: int) -> None:
+        """An exchange's plan of ``num_tasks`` tasks starts."""
+        self.tasks_planned += num_tasks
+
+    def task_ended(self) -> None:
+        """A task of the round has ended (trained and published, or contained)."""
+        self.tasks_ended += 1
+        if self.listener is not None:
+            self.listener(self.tasks_ended, self.tasks_planned)
 
     def start_task(self, ctx: TaskContext) -> None:
         """``ctx``'s task runs: its client and its context are the running ones (its batches once drawn)."""

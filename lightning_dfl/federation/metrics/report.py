@@ -9,7 +9,7 @@ import math
 import numbers
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -371,20 +371,32 @@ def progress_status(metrics: dict[str, float]) -> str:
     return "  ".join(parts)
 
 
+class RoundBar:
+    """The progress bar's updates: :meth:`tasks` inside a round, :meth:`advance` after it."""
+
+    def __init__(self, progress: Progress | None = None, task: Any = None) -> None:
+        self._progress, self._task = progress, task
+
+    def tasks(self, ended: int, planned: int) -> None:
+        """``ended`` of the round's ``planned`` tasks so far (a long round shows it is moving)."""
+        if self._progress is not None:
+            self._progress.update(self._task, status=f"tasks {ended}/{planned}")
+
+    def advance(self, metrics: dict[str, float]) -> None:
+        """A round ended with ``metrics``."""
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, status=progress_status(metrics))
+
+
 @contextmanager
-def progress_bar(total: int, enabled: bool = True, completed: int = 0) -> Iterator[Callable[[dict[str, float]], None]]:
-    """A rich progress bar over rounds; yields ``advance(metrics)``."""
+def progress_bar(total: int, enabled: bool = True, completed: int = 0) -> Iterator[RoundBar]:
+    """A rich progress bar over rounds, counting the round's tasks while it runs; yields its :class:`RoundBar`."""
     if not enabled:
-        yield lambda metrics: None
+        yield RoundBar()
         return
     progress = Progress(
         TextColumn("round"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(), TimeRemainingColumn(),
     )
     with progress:
-        task = progress.add_task("rounds", total=total, completed=completed, status="")
-
-        def advance(metrics: dict[str, float]) -> None:
-            progress.update(task, advance=1, status=progress_status(metrics))
-
-        yield advance
+        yield RoundBar(progress, progress.add_task("rounds", total=total, completed=completed, status=""))

@@ -271,7 +271,8 @@ class FederatedTrainer(TrainerView):
         self._startup_s = startup.seconds_waited()
         start = time.perf_counter()
         with stop_requests(self._abandon) as stop, report.progress_bar(
-                s.rounds, enabled=s.enable_progress_bar and self.is_global_zero, completed=first_round) as advance:
+                s.rounds, enabled=s.enable_progress_bar and self.is_global_zero, completed=first_round) as bar:
+            self.federation.progress.listener = bar.tasks
             for round_idx in range(first_round, s.rounds):
                 try:
                     metrics = self.run_round(round_idx)
@@ -288,7 +289,7 @@ class FederatedTrainer(TrainerView):
                     with stop.hold(lambda code, done=done: self._interrupted(code, done)):
                         save_checkpoint(self.federation, self.checkpoint_path)  # process 0 writes
                     self._last_checkpoint = (self.checkpoint_path, round_idx + 1)
-                advance(metrics)
+                bar.advance(metrics)
                 if stopping and not last:
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx + 1} of {s.rounds}")
         self._finish(model, first_round, time.perf_counter() - start)
@@ -360,8 +361,7 @@ class FederatedTrainer(TrainerView):
     def run_round(self, round_idx: int) -> dict[str, float]:
         """Plan and run one round (its exchanges); log and return its metrics."""
         wall = time.perf_counter()
-        self.federation.progress.round_idx = round_idx
-        self.federation.progress.logged.clear()  # what callbacks log this round (``log_metrics``)
+        self.federation.progress.start_round(round_idx)  # what callbacks log this round (``log_metrics``) is cleared
         evaluate = self.settings.evaluates(round_idx)
         outcome = run_exchanges(round_idx, evaluate, self.planner, self.executor, self.store, self.clock, self.diag,
                                 lambda: self._call("on_federated_round_start"))
