@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightning_dfl.errors import reading
+from lightning_dfl.run_metrics import is_tensorboard, metrics_source, read_tensorboard
 
 ArrayLike = float | Sequence[float] | np.ndarray
 
@@ -160,13 +161,29 @@ class CostCurve:
 
 def read_round_metrics(path: str | os.PathLike, columns: Sequence[str],
                        round_col: str = "round") -> dict[int, dict[str, float]]:
-    """Per round, the last non-empty value of each of ``columns`` in a CSVLogger ``metrics.csv``.
+    """Per round, the last non-empty value of each of ``columns`` in a CSVLogger ``metrics.csv``, or the last
+    value of each of these scalars in a TensorBoard run's event files (``path``: a run folder, its
+    ``metrics.csv`` or an event file; see :mod:`lightning_dfl.run_metrics`).
 
     Lightning's CSVLogger writes one row per logging call, with empty cells for metrics not
     logged in that call; rows without a round are skipped. A round that lacks any of the
     columns is left out. A row cut short (fewer cells than the header, or a last line without its line end: a
-    run stopped while writing it) is left out with a warning naming the file.
+    run stopped while writing it) is left out with a warning naming the file. TensorBoard's rows are its steps
+    (the round, as ``metrics.csv``'s ``step``), their values 32-bit floats.
     """
+    if os.path.isdir(path):
+        path = metrics_source(path)
+    if is_tensorboard(path):
+        tags, steps = read_tensorboard(path)
+        missing = [c for c in (round_col, *columns) if c not in tags]
+        if missing:
+            raise ValueError(f"{os.fspath(path)!r} (TensorBoard event files) has no scalar(s) {missing}; its "
+                             f"scalars are {tags}")
+        rounds: dict[int, dict[str, float]] = {}
+        for row in steps.values():
+            if round_col in row:
+                rounds.setdefault(int(row[round_col]), {}).update({c: row[c] for c in columns if c in row})
+        return {r: v for r, v in sorted(rounds.items()) if all(c in v for c in columns)}
     with reading(path), open(path, newline="") as fh:
         text = fh.read()
         unfinished = bool(text) and not text.endswith(("\n", "\r"))
@@ -200,7 +217,8 @@ def run_cost_curve(path: str | os.PathLike, thetas: ArrayLike = np.linspace(0.0,
                    model: CostModel | None = None, reduce: str = "sum", round_col: str = "round",
                    flops_col: str = "flops/train_per_client", bytes_col: str = "comm/busiest_bytes",
                    delay_col: str | None = "time/delay") -> CostCurve:
-    """The cost curve of a finished run from its CSVLogger ``metrics.csv``.
+    """The cost curve of a finished run from its ``metrics.csv`` or TensorBoard event files (``path``: as
+    :func:`read_round_metrics` takes).
 
     Each round's ``C_time`` and ``C_energy`` come from that round's per-client training FLOPs,
     the busiest node's bytes and the delay (``delay_col=None``: 0, for methods that do not

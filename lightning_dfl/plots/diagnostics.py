@@ -22,34 +22,40 @@ _DIAG_SERIES = ("diag/spectral_gap", "diag/consensus_distance", "diag/consensus_
 
 
 def _metric_series(metrics_csv: Path, metric: str) -> tuple[list[int], list[float]]:
-    """(rounds, values) of one metrics.csv column (empty when the column is absent)."""
+    """(rounds, values) of one metrics.csv column, or of one scalar of a TensorBoard run's event files (empty when
+    the run has none)."""
     import csv
 
-    with reading(metrics_csv), metrics_csv.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        if metric not in (reader.fieldnames or []):
-            return [], []
-        seen: dict[int, float] = {}
-        for row in reader:
-            r, v = (row.get("round") or "").strip(), (row.get(metric) or "").strip()
-            if r and v:
-                seen[int(float(r))] = float(v)
+    from lightning_dfl.run_metrics import is_tensorboard, read_tensorboard
+
+    seen: dict[int, float] = {}
+    if is_tensorboard(metrics_csv):
+        for row in read_tensorboard(metrics_csv)[1].values():
+            if "round" in row and metric in row:
+                seen[int(row["round"])] = row[metric]
+    else:
+        with reading(metrics_csv), metrics_csv.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            if metric not in (reader.fieldnames or []):
+                return [], []
+            for row in reader:
+                r, v = (row.get("round") or "").strip(), (row.get(metric) or "").strip()
+                if r and v:
+                    seen[int(float(r))] = float(v)
     rounds = sorted(seen)
     return rounds, [seen[r] for r in rounds]
 
 
 def _read_diagnostics(run_dir: Path) -> dict[str, Any]:
-    """What the diagnostics figures draw, read from a run folder."""
+    """What the diagnostics figures draw, read from a run folder (its metrics.csv or TensorBoard event files)."""
     import csv
 
     import numpy as np
 
     from lightning_dfl.federation.metrics.diagnostics import FOLDER, read_matrix
+    from lightning_dfl.run_metrics import metrics_source
 
-    metrics_csv = run_dir / "metrics.csv"
-    if not metrics_csv.is_file():
-        raise FileNotFoundError(f"no metrics.csv in {os.fspath(run_dir)!r}: give a run folder "
-                                "(runs/<algorithm>/version_N)")
+    metrics_csv = metrics_source(run_dir)
     series = {m: _metric_series(metrics_csv, m) for m in _DIAG_SERIES}
     if not series["diag/spectral_gap"][0]:
         raise ValueError(f"{os.fspath(metrics_csv)!r} has no diag/* metrics: train with trainer.diagnostics true "
@@ -267,9 +273,9 @@ def _draw_accuracy(ax: Any, accuracy: Sequence[float] | None) -> None:
 def plot_diagnostics(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
     """The diagnostics figures of a finished (or resumed) run; returns the paths written.
 
-    Reads ``metrics.csv``, ``clients.csv`` and ``diagnostics/`` of ``run_dir`` and writes into ``out_dir``
-    (default ``<run_dir>/diagnostics``) the files of :data:`DIAGNOSTICS_FIGURES`: an overview (the five
-    below in one 15 x 9 inch figure), the spectral gap and consensus distances per round (log scale where
+    Reads ``metrics.csv`` (else the TensorBoard event files), ``clients.csv`` and ``diagnostics/`` of ``run_dir``
+    and writes into ``out_dir`` (default ``<run_dir>/diagnostics``) the files of :data:`DIAGNOSTICS_FIGURES`: an
+    overview (the five below in one 15 x 9 inch figure), the spectral gap and consensus distances per round (log scale where
     every value is positive), mask Jaccard and flip fraction per round, the final K x K mask-Jaccard
     heatmap with clients ordered by group then dominant label (lines between blocks), the bytes heatmap
     (sender x receiver, log colours) and a histogram of the final per-client accuracy.
