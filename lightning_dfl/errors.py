@@ -8,6 +8,11 @@
 - :class:`RunFileError`: a file of the run folder could not be written (a read-only folder, a full disk) or
   read (a damaged ``metrics.csv``): the machine's or the file's condition, not a bug, also inside a round; one
   line naming the file and the OS's cause, exit code 2.
+- :class:`MachinesDidNotMeet`: the machines of a several-machine run did not meet within ``rendezvous_timeout`` (one
+  was not started, or cannot reach the first's address and port): one line naming the machines missing and the
+  command that starts them, exit code 2.
+- :class:`MissingExtra`: a feature's optional extra is not installed (matplotlib for figures): one line with the
+  ``pip install`` command, exit code 2.
 - Anything else raised inside a round is a bug, whatever its type: the trainer marks it with the round
   (:func:`mark_in_round`) and the command line shows its traceback, exit 1, and where to report it.
 """
@@ -37,6 +42,17 @@ class RunDiverged(FloatingPointError):
     """Every client that trained in a round ended with non-finite weights or loss: the run stops."""
 
     exit_code = DIVERGED_EXIT_CODE
+
+
+class MachinesDidNotMeet(ValueError):
+    """The machines of a run over several machines (``num_nodes`` > 1) did not meet within ``rendezvous_timeout``, or
+    the first one cannot serve or be reached at ``MASTER_ADDR:MASTER_PORT``: the message names the machines missing
+    and how to start them."""
+
+
+class MissingExtra(ImportError):
+    """A feature needs an optional extra that is not installed (matplotlib for figures): the message names the
+    ``pip install`` command; bad set-up, not a bug (exit code 2)."""
 
 
 class RunFileError(ValueError):

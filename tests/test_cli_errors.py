@@ -682,13 +682,19 @@ def test_an_unreadable_metrics_csv_is_named(tmp_path, capsys, content):
 
 
 def test_a_refusal_is_printed_by_rank_0_only(tmp_path, monkeypatch, capsys):
-    """With --trainer.devices 2 every process refuses a bad checkpoint: the line was printed twice."""
+    """With --trainer.devices 2 every process refuses a bad checkpoint: the line was printed twice. On several
+    machines each machine's launching process prints it (its terminal would show nothing else)."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     monkeypatch.setattr(rank_zero_only, "rank", 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # a process its machine's launcher started
     with pytest.raises(SystemExit) as info:
         main(_fit(tmp_path, "--data.num_clients=0"))
     assert info.value.code == 2 and capsys.readouterr().err == ""
+    monkeypatch.delenv("LOCAL_RANK")  # the second machine's launching process (rank 1 of num_nodes=2, devices=1)
+    with pytest.raises(SystemExit) as info:
+        main(_fit(tmp_path, "--data.num_clients=0"))
+    assert info.value.code == 2 and "num_clients" in capsys.readouterr().err
     monkeypatch.setattr(rank_zero_only, "rank", 0)
     with pytest.raises(SystemExit) as info:
         main(_fit(tmp_path, "--data.num_clients=0"))

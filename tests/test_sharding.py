@@ -425,10 +425,12 @@ def test_several_machines_without_their_addresses_are_refused_before_waiting():
 
     plain = LightningEnvironment()
     check_machines_meet(1, plain, {})  # one machine needs nothing
-    check_machines_meet(2, plain, {"NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"})
-    check_machines_meet(2, plain, {"GROUP_RANK": "0", "MASTER_ADDR": "10.0.0.1"})
+    check_machines_meet(2, plain, {"NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    check_machines_meet(2, plain, {"GROUP_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
     check_machines_meet(2, SLURMEnvironment(), {})  # a scheduler sets the ranks itself
     with pytest.raises(ValueError, match="num_nodes=2: NODE_RANK not set.*NODE_RANK=<0 on the first"):
-        check_machines_meet(2, plain, {"MASTER_ADDR": "10.0.0.1"})
-    with pytest.raises(ValueError, match="num_nodes=3: NODE_RANK and MASTER_ADDR not set"):
+        check_machines_meet(2, plain, {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    with pytest.raises(ValueError, match="num_nodes=2: MASTER_PORT not set"):  # each machine would pick its own
+        check_machines_meet(2, plain, {"NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"})
+    with pytest.raises(ValueError, match="num_nodes=3: NODE_RANK, MASTER_ADDR and MASTER_PORT not set"):
         check_machines_meet(3, plain, {})

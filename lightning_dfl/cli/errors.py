@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lightning_dfl.cli.help import PROG, allowed
-from lightning_dfl.errors import DIVERGED_EXIT_CODE, ConfigurationError, RunDiverged, RunFileError, raised_in_round
+from lightning_dfl.errors import (
+    DIVERGED_EXIT_CODE,
+    ConfigurationError,
+    MissingExtra,
+    RunDiverged,
+    RunFileError,
+    raised_in_round,
+)
 
 __all__ = ["DEBUG_ENV", "DEBUG_FLAG", "DEBUG_HINT", "REPORT_HINT", "error_message", "fail", "interrupted",
            "is_user_error", "report", "user_errors"]
@@ -37,7 +44,7 @@ DEBUG_HINT = f"(run with {DEBUG_FLAG} for the traceback)"
 #: (see :func:`user_errors`)
 _INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigurationError, ValueError, FileNotFoundError,
                                                   NotADirectoryError, IsADirectoryError, PermissionError,
-                                                  argparse.ArgumentError, MemoryError)
+                                                  argparse.ArgumentError, MemoryError, MissingExtra)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -308,10 +315,17 @@ def _rank() -> int:
     return rank if isinstance(rank, int) else 0
 
 
+def _prints_here() -> bool:
+    """Whether this process prints a one-line error: rank 0, and on each machine of a run over several machines
+    the process that launched its others (local rank 0: ``LOCAL_RANK``, SLURM's ``SLURM_LOCALID``, unset before
+    the launch), so that each machine's terminal gets the line once."""
+    return _rank() == 0 or os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")).strip() == "0"
+
+
 def fail(message: str) -> NoReturn:
     """Bad input: one line, exit 2; with several processes (``--trainer.devices 2``) every process refuses, and
-    only rank 0 (the launching process) prints the line."""
-    if _rank() == 0:
+    only rank 0 (the launching process; on several machines, each one's: :func:`_prints_here`) prints the line."""
+    if _prints_here():
         sys.stderr.write(f"{PROG}: error: {message} {DEBUG_HINT}\n")
     raise SystemExit(2)
 
@@ -329,8 +343,8 @@ def _diverged(err: BaseException) -> BaseException | None:
 
 def _stop(err: BaseException) -> NoReturn:
     """Every client diverged: a known condition of the training, explained in one line (not bad input, not a bug);
-    printed by rank 0 only, as :func:`fail`."""
-    if _rank() == 0:
+    printed as :func:`fail`'s line (rank 0, each machine's launching process)."""
+    if _prints_here():
         sys.stderr.write(f"{PROG}: error: the run diverged: {' '.join(str(err).split())} {DEBUG_HINT}\n")
     raise SystemExit(getattr(err, "exit_code", DIVERGED_EXIT_CODE))
 

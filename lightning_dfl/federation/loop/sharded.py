@@ -89,16 +89,29 @@ def check_processes(devices: Any, num_nodes: Any, strategy: str) -> tuple[int, i
 
 def check_machines_meet(num_nodes: int, environment: Any, environ: Mapping[str, str]) -> None:
     """Refuse ``num_nodes`` > 1 under Lightning's plain environment (no cluster scheduler) when this machine has
-    no ``NODE_RANK`` (or ``GROUP_RANK``) and no ``MASTER_ADDR``: the run would wait for machines never started."""
+    no ``NODE_RANK`` (or ``GROUP_RANK``), ``MASTER_ADDR`` or ``MASTER_PORT`` (each machine would pick a port of its
+    own): the run would wait for machines never started; and a ``NODE_RANK`` outside ``0 .. num_nodes - 1`` or a
+    ``MASTER_PORT`` that is no port."""
     if num_nodes == 1 or type(environment).__name__ != "LightningEnvironment":
         return  # one machine, or a scheduler's environment (SLURM, torchelastic, ...) that sets the ranks itself
     missing = [name for name, present in (("NODE_RANK", "NODE_RANK" in environ or "GROUP_RANK" in environ),
-                                          ("MASTER_ADDR", "MASTER_ADDR" in environ)) if not present]
+                                          ("MASTER_ADDR", "MASTER_ADDR" in environ),
+                                          ("MASTER_PORT", "MASTER_PORT" in environ)) if not present]
     if missing:
-        raise ValueError(f"num_nodes={num_nodes}: {' and '.join(missing)} not set, so the other machines cannot be "
+        names = " and ".join(missing) if len(missing) < 3 else f"{', '.join(missing[:-1])} and {missing[-1]}"
+        raise ValueError(f"num_nodes={num_nodes}: {names} not set, so the other machines cannot be "
                          "found; start the same command on each machine with MASTER_ADDR=<the first machine's "
                          "address> MASTER_PORT=<a free port> NODE_RANK=<0 on the first, 1, 2, ...> (docs/devices.md, "
                          "\"Several machines\"), or set num_nodes=1")
+    name = "NODE_RANK" if "NODE_RANK" in environ else "GROUP_RANK"
+    node = environ[name].strip()
+    if not (node.isascii() and node.isdigit() and int(node) < num_nodes):
+        raise ValueError(f"{name}={environ[name]!r}: with num_nodes={num_nodes} each machine's {name} is one of "
+                         f"0 .. {num_nodes - 1} (0 on the first machine, the one at MASTER_ADDR)")
+    port = environ["MASTER_PORT"].strip()
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"MASTER_PORT={environ['MASTER_PORT']!r} is no TCP port: give an integer in 1 .. 65535, a "
+                         "free port of the first machine, the same on every machine")
 
 
 def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:

@@ -28,6 +28,7 @@ from lightning_dfl.federation.loop.clock import Clock
 from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.loop.ownership import Ownership
 from lightning_dfl.federation.loop.planner import RoundPlanner
+from lightning_dfl.federation.loop.rendezvous import meet_machines
 from lightning_dfl.federation.loop.sharded import ShardedExecutor, check_machines_meet
 from lightning_dfl.federation.loop.state import FederationState, RoundProgress
 from lightning_dfl.federation.loop.step_graphs import StepGraphs, check_graphable
@@ -94,9 +95,13 @@ def build_federation(settings: RunSettings, algorithm: Any, callbacks: list[Any]
         raise ValueError(f"tasks_per_receive={settings.tasks_per_receive!r} bounds the sources each process receives "
                          f"from a partitioned store, but {type(algorithm).__name__} keeps every node on every process "
                          "(partitionable = False: docs/devices.md); leave it None (null)")
-    check_machines_meet(settings.num_nodes, getattr(fabric.strategy, "cluster_environment", None), os.environ)
+    environment = getattr(fabric.strategy, "cluster_environment", None)
+    check_machines_meet(settings.num_nodes, environment, os.environ)
     if fabric.world_size > 1:  # clients sharded across processes
+        # the machines meet within rendezvous_timeout; the first one's store then serves the process group's
+        meeting = meet_machines(settings.num_nodes, environment, settings.rendezvous_timeout)
         fabric.launch()
+        del meeting
     if settings.cpu_threads is not None:  # after the launch: Fabric's launcher sets CPUs / local processes itself
         import torch
 

@@ -19,6 +19,7 @@ from lightning.fabric.connector import _Connector
 from lightning_dfl.checks import check_bool, check_int, check_output_path
 from lightning_dfl.federation.exchange.plan import every_and_last
 from lightning_dfl.federation.loop.planner import check_faults
+from lightning_dfl.federation.loop.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT, check_rendezvous_timeout
 from lightning_dfl.federation.loop.sharded import check_processes
 from lightning_dfl.federation.metrics.diagnostics import AUTO_MAX_K, check_diagnostics
 from lightning_dfl.federation.store.factory import check_store_kind
@@ -82,6 +83,7 @@ class RunSettings:
     precision: Any = None
     strategy: str = "auto"
     num_nodes: int = 1
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT
     default_root_dir: str | os.PathLike = "runs"
     seed: int = 0
     store_device: str = "auto"
@@ -125,6 +127,7 @@ class RunSettings:
         normalise("devices", devices)
         normalise("num_nodes", num_nodes)
         normalise("strategy", strategy)
+        normalise("rendezvous_timeout", check_rendezvous_timeout(self.rendezvous_timeout))
         check_store_device(self.store_device)
         check_store_kind(self.store)
         check_int("checkpoint_every (0: never)", self.checkpoint_every, 0)

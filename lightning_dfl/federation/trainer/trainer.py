@@ -25,6 +25,7 @@ from lightning_dfl.federation.algorithms.base import check_plans
 from lightning_dfl.federation.loop.callback_hooks import merge_callbacks
 from lightning_dfl.federation.loop.clock import Clock, build_clock
 from lightning_dfl.federation.loop.executor import SerialExecutor
+from lightning_dfl.federation.loop.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from lightning_dfl.federation.loop.rounds import run_exchanges
 from lightning_dfl.federation.loop.state import FederationState
 from lightning_dfl.federation.metrics import report
@@ -61,6 +62,8 @@ class FederatedTrainer(TrainerView):
         precision: Lightning's precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"64-true"``, ...).
         strategy: ``"auto"``, or ``"ddp"`` with several processes (tasks sharded, no gradient all-reduce).
         num_nodes: machines; ``devices x num_nodes`` processes in all, whose results are those of one process.
+        rendezvous_timeout: with ``num_nodes`` > 1, seconds the machines have to meet, else the run stops (it does
+            not bound training's transfers).
         callbacks: Lightning callbacks; they receive the training hooks and, where they define them, the
             federated hooks of each round and client (on_federated_round_start, on_client_end, ...).
         logger: a Lightning logger, ``True``/``None`` for a CSV logger, ``"tensorboard"`` for a
@@ -133,6 +136,7 @@ class FederatedTrainer(TrainerView):
         precision: str | int | None = None,
         strategy: str = "auto",
         num_nodes: int = 1,
+        rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
         callbacks: list[Callback] | Callback | None = None,
         logger: Logger | bool | str | None = True,
         default_root_dir: str = "runs",
