@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("support", ("lightning_dfl.checks", "lightning_dfl.seeding", "lightning_dfl.stats", "lightning_dfl.deferred",
                  "lightning_dfl.transfers", "lightning_dfl.errors", "lightning_dfl.registry", "lightning_dfl.host_memory",
                  "lightning_dfl.allocator", "lightning_dfl.hooks", "lightning_dfl.state_field",
-                 "lightning_dfl.files", "lightning_dfl.startup")),
+                 "lightning_dfl.files", "lightning_dfl.startup", "lightning_dfl.run_metrics")),
 ]
 #: package faces that only re-export (importing them is importing what they name)
 FACES = ("lightning_dfl", "lightning_dfl.federation")

@@ -125,6 +125,11 @@ def test_missing_matplotlib_says_how_to_install(monkeypatch, tmp_path, capsys):
     assert capsys.readouterr().out == ""
     main(["schedule", "--num_clients=6", "--neighbors=[2]", "--max_waits=[1]", "--rounds=5"])  # tables need none
     assert "parallelism" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:  # without --debug: one line, bad set-up (2), not a bug (1)
+        main(["plot", "diagnostics", str(tmp_path), "--out", str(tmp_path / "figures")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "plots need matplotlib: pip install -e '.[plots]'" in err, err
+    assert "Traceback" not in err and "report" not in err, err
 
 
 # --- subcommands ----------------------------------------------------------------------------

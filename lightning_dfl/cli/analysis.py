@@ -8,12 +8,15 @@ figures need matplotlib (``pip install -e '.[plots]'``), the printed tables do n
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lightning_dfl.cost import CostModel, read_round_metrics, run_cost_curve
 from lightning_dfl.federation.algorithms.dadpfl_waits import format_schedule_table, schedule_table
+from lightning_dfl.run_metrics import is_event_file, metrics_source, run_folder
 
 
 def schedule(num_clients: int = 100, neighbors: list[int] = [2, 5, 10, 20, 50],  # noqa: B006
@@ -33,7 +36,8 @@ def schedule(num_clients: int = 100, neighbors: list[int] = [2, 5, 10, 20, 50], 
         from lightning_dfl.plots import check_plot_path
 
         check_plot_path(plot)
-    rows = schedule_table(num_clients, neighbors, max_waits, rounds, seed)
+    with _cells_progress("simulating (M, N)") as progress:
+        rows = schedule_table(num_clients, neighbors, max_waits, rounds, seed, progress)
     table = format_schedule_table(rows)
     print(table)
     if plot is not None:
@@ -43,33 +47,42 @@ def schedule(num_clients: int = 100, neighbors: list[int] = [2, 5, 10, 20, 50], 
     return table
 
 
-def _metrics_file(run: str) -> Path:
-    path = Path(run)
-    if path.is_dir():
-        path = path / "metrics.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"no metrics.csv at {run!r}: give a run folder (runs/<algorithm>/version_N) "
-                                "or its metrics.csv")
-    return path
+@contextlib.contextmanager
+def _cells_progress(what: str) -> Iterator[Callable[[int, int], None]]:
+    """A bar on stderr while a table's cells are computed, gone when they are (shown only on a terminal);
+    yields ``progress(done, total)``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a log file gets the table alone
+        yield lambda done, total: None
+        return
+    bar = Progress(TextColumn(what), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), console=console,
+                   transient=True)
+    task = bar.add_task(what, total=None)
+    with bar:
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _run_files(runs: list[str] | str | None, command: str) -> dict[str, Path]:
-    """Each distinct run (in order) with its metrics.csv (one run may be given alone, ``--runs DIR``); a clear error
+    """Each distinct run (in order) with what holds its metrics: its metrics.csv or TensorBoard event files
+    (:func:`~lightning_dfl.run_metrics.metrics_source`; one run may be given alone, ``--runs DIR``); a clear error
     when none is given."""
     runs = [runs] if isinstance(runs, str) else runs
     if not runs:
         raise ValueError(f"{command} needs --runs: a list of run folders or metrics.csv files, e.g. "
                          "--runs '[runs/dadpfl/version_0,runs/dispfl/version_0]'")
-    return {run: _metrics_file(run) for run in dict.fromkeys(runs)}
+    return {run: metrics_source(run) for run in dict.fromkeys(runs)}
 
 
 def _run_labels(runs: list[str]) -> dict[str, str]:
-    """Short names of runs: ``<algorithm>/version_N`` for a run folder or its metrics.csv, else
+    """Short names of runs: ``<algorithm>/version_N`` for a run folder, its metrics.csv or an event file, else
     the path as given (also when two short names would clash)."""
     labels = {}
     for run in runs:
         path = Path(run)
-        folder = path if path.is_dir() else path.parent if path.name == "metrics.csv" else None
+        folder = path if path.is_dir() else path.parent if path.name == "metrics.csv" or is_event_file(path) else None
         labels[run] = f"{folder.parent.name}/{folder.name}" if folder is not None else run
     if len(set(labels.values())) != len(labels):
         return {run: run for run in runs}
@@ -93,7 +106,8 @@ def cost(runs: list[str] | str | None = None, thetas: list[float] = [0.0, 0.1, 0
     T_comm), with the round's training FLOPs per client, busiest-node bytes and simulated delay.
 
     Args:
-        runs: run folders (``runs/<algorithm>/version_N``) or their ``metrics.csv``: a list, or one run.
+        runs: run folders (``runs/<algorithm>/version_N``: their ``metrics.csv``, else their TensorBoard event
+            files) or their ``metrics.csv``: a list, or one run.
         thetas: the weights of energy against time.
         reduce: ``sum`` (whole run), ``mean`` (per round) or ``last`` (final round, as Table II).
         plot: also save Figs. 3-4 (C_total against theta per run, crossings marked) to this file.
@@ -133,9 +147,10 @@ def curves(runs: list[str] | str | None = None, metrics: list[str] = ["acc/headl
     """Plot logged metrics against the round for several finished runs, one panel per metric.
 
     Args:
-        runs: run folders (``runs/<algorithm>/version_N``) or their ``metrics.csv``: a list, or one run.
-        metrics: metrics.csv columns, e.g. ``acc/headline``, ``density/mean``, ``comm/busiest_bytes``,
-            ``time/delay``, ``voting/score_mean``.
+        runs: run folders (``runs/<algorithm>/version_N``: their ``metrics.csv``, else their TensorBoard event
+            files) or their ``metrics.csv``: a list, or one run.
+        metrics: metrics.csv columns (TensorBoard scalars), e.g. ``acc/headline``, ``density/mean``,
+            ``comm/busiest_bytes``, ``time/delay``, ``voting/score_mean``.
         plot: the figure's file (png, pdf, svg, ... by suffix); None: ``curves.png`` in the first run's folder
             (never the working folder, where it would replace another run's figure unasked).
         round_col: the column holding the round.
@@ -145,7 +160,7 @@ def curves(runs: list[str] | str | None = None, metrics: list[str] = ["acc/headl
     files = _run_files(runs, "curves")
     runs = list(files)
     if plot is None:
-        plot = str(files[runs[0]].parent / "curves.png")
+        plot = str(run_folder(files[runs[0]]) / "curves.png")
     if not metrics:
         raise ValueError("curves needs --metrics: metrics.csv columns, e.g. '[acc/headline,density/mean]'")
     check_plot_path(plot)

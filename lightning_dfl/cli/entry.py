@@ -28,7 +28,7 @@ from lightning_dfl.cli.analysis import SUBCOMMANDS
 from lightning_dfl.cli.errors import DEBUG_ENV, DEBUG_FLAG, interrupted, report
 from lightning_dfl.cli.fit_help import CLASS_HELP, fit_help, fit_help_request
 from lightning_dfl.cli.help import PROG, HelpFormatter, version
-from lightning_dfl.cli.trust import Policy, applied, strip_flags
+from lightning_dfl.cli.trust import SAFE_FLAG, TRUST_FLAG, Policy, applied, strip_flags
 
 # torch, Lightning and the project's modules that need them are imported where they are used (``fit`` in
 # lightning_dfl.cli.fit), so that ``--help``, ``--version`` and the analysis subcommands start in a moment
@@ -53,7 +53,7 @@ USAGE = """usage: lightning-dfl {fit,schedule,cost,curves,export,plot} ... [--sa
 
 COMMANDS = ("fit", *SUBCOMMANDS, "plot")
 #: the options that may come before a subcommand
-GLOBAL_OPTIONS = ("--help", "--version", "--debug", "--safe", "--trust")
+GLOBAL_OPTIONS = ("--help", "--version", DEBUG_FLAG, SAFE_FLAG, TRUST_FLAG)
 
 
 def _command_error(first: str) -> NoReturn:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dfl.checks import check_output_path
+from lightning_dfl.errors import MissingExtra
 
 DPI = 100
 """Dots per inch of every figure (and of the saved raster files)."""
@@ -29,7 +30,7 @@ def agg_figure(width: float, height: float) -> Any:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as err:
-        raise ImportError(MISSING_MATPLOTLIB) from err
+        raise MissingExtra(MISSING_MATPLOTLIB) from err
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -108,7 +109,7 @@ def check_plot_path(path: str | os.PathLike) -> Path:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as err:
-        raise ImportError(MISSING_MATPLOTLIB) from err
+        raise MissingExtra(MISSING_MATPLOTLIB) from err
     out = Path(path)
     supported = sorted(FigureCanvasAgg(Figure()).get_supported_filetypes())
     suffix = out.suffix.lower().lstrip(".")
