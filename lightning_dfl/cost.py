@@ -37,6 +37,11 @@ def _nonneg(name: str, value: ArrayLike) -> np.ndarray | float:
     return float(arr) if arr.ndim == 0 else arr
 
 
+class MissingMetrics(ValueError):
+    """A run has not logged a metric asked for (:func:`read_round_metrics`): the message names it and what the
+    run has."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """One method's per-client, per-round load: training FLOPs, bytes sent (the busiest node's),
@@ -177,7 +182,7 @@ def read_round_metrics(path: str | os.PathLike, columns: Sequence[str],
         tags, steps = read_tensorboard(path)
         missing = [c for c in (round_col, *columns) if c not in tags]
         if missing:
-            raise ValueError(f"{os.fspath(path)!r} (TensorBoard event files) has no scalar(s) {missing}; its "
+            raise MissingMetrics(f"{os.fspath(path)!r} (TensorBoard event files) has no scalar(s) {missing}; its "
                              f"scalars are {tags}")
         rounds: dict[int, dict[str, float]] = {}
         for row in steps.values():
@@ -191,7 +196,7 @@ def read_round_metrics(path: str | os.PathLike, columns: Sequence[str],
         header = reader.fieldnames or []
         missing = [c for c in (round_col, *columns) if c not in header]
         if missing:
-            raise ValueError(f"{os.fspath(path)!r} has no column(s) {missing}; its columns are {header}")
+            raise MissingMetrics(f"{os.fspath(path)!r} has no column(s) {missing}; its columns are {header}")
         rows = list(reader)
         cut = sorted(i for i, row in enumerate(rows) if None in row.values() or (unfinished and i == len(rows) - 1))
         if cut:
@@ -249,4 +254,4 @@ def run_cost_curve(path: str | os.PathLike, thetas: ArrayLike = np.linspace(0.0,
     return CostCurve(thetas=th, total=total, time=c_time, energy=c_energy, rounds=len(rows))
 
 
-__all__ = ["CostCurve", "CostModel", "Workload", "read_round_metrics", "run_cost_curve"]
+__all__ = ["CostCurve", "CostModel", "MissingMetrics", "Workload", "read_round_metrics", "run_cost_curve"]

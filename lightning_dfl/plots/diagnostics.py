@@ -21,29 +21,17 @@ _DIAG_SERIES = ("diag/spectral_gap", "diag/consensus_distance", "diag/consensus_
                 "diag/mask_jaccard_mean", "diag/mask_jaccard_min", "diag/mask_flip_fraction")
 
 
-def _metric_series(metrics_csv: Path, metric: str) -> tuple[list[int], list[float]]:
-    """(rounds, values) of one metrics.csv column, or of one scalar of a TensorBoard run's event files (empty when
-    the run has none)."""
-    import csv
+def _metric_series(metrics: Path, metric: str) -> tuple[list[int], list[float]]:
+    """(rounds, values) of one metric of a run, as :func:`~lightning_dfl.cost.read_round_metrics` reads it (its
+    metrics.csv or TensorBoard event files); empty when the run has none."""
+    from lightning_dfl.cost import MissingMetrics, read_round_metrics
 
-    from lightning_dfl.run_metrics import is_tensorboard, read_tensorboard
-
-    seen: dict[int, float] = {}
-    if is_tensorboard(metrics_csv):
-        for row in read_tensorboard(metrics_csv)[1].values():
-            if "round" in row and metric in row:
-                seen[int(row["round"])] = row[metric]
-    else:
-        with reading(metrics_csv), metrics_csv.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            if metric not in (reader.fieldnames or []):
-                return [], []
-            for row in reader:
-                r, v = (row.get("round") or "").strip(), (row.get(metric) or "").strip()
-                if r and v:
-                    seen[int(float(r))] = float(v)
+    try:
+        seen = read_round_metrics(metrics, [metric])
+    except MissingMetrics:
+        return [], []
     rounds = sorted(seen)
-    return rounds, [seen[r] for r in rounds]
+    return rounds, [seen[r][metric] for r in rounds]
 
 
 def _read_diagnostics(run_dir: Path) -> dict[str, Any]:
