@@ -11,7 +11,7 @@
 - :class:`MachinesDidNotMeet`: the machines of a several-machine run did not meet within ``rendezvous_timeout`` (one
   was not started, or cannot reach the first's address and port): one line naming the machines missing and the
   command that starts them, exit code 2.
-- :class:`MissingExtra`: a feature's optional extra is not installed (matplotlib for figures): one line with the
+- :class:`MissingExtra`: a feature's optional extra is not installed (matplotlib, tensorboard): one line with the
   ``pip install`` command, exit code 2.
 - Anything else raised inside a round is a bug, whatever its type: the trainer marks it with the round
   (:func:`mark_in_round`) and the command line shows its traceback, exit 1, and where to report it.
@@ -51,8 +51,8 @@ class MachinesDidNotMeet(ValueError):
 
 
 class MissingExtra(ImportError):
-    """A feature needs an optional extra that is not installed (matplotlib for figures): the message names the
-    ``pip install`` command; bad set-up, not a bug (exit code 2)."""
+    """A feature needs an optional extra that is not installed (matplotlib for figures, tensorboard for its logger
+    and runs): the message names the ``pip install`` command; bad set-up, not a bug (exit code 2)."""
 
 
 class RunFileError(ValueError):

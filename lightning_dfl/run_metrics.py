@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from lightning_dfl.errors import MissingExtra
+
 METRICS_CSV = "metrics.csv"
 #: the names of TensorBoard's event files (``events.out.tfevents.<time>.<host>.<pid>.<n>``)
 EVENTS_GLOB = "events.out.tfevents.*"
@@ -66,7 +68,7 @@ def read_tensorboard(path: str | os.PathLike) -> tuple[list[str], dict[int, dict
     try:
         import tensorboard  # noqa: F401
     except ImportError as err:
-        raise ValueError(f"{os.fspath(path)!r} is a TensorBoard run ({EVENTS_GLOB}): {MISSING_TENSORBOARD}") from err
+        raise MissingExtra(f"{os.fspath(path)!r} is a TensorBoard run ({EVENTS_GLOB}): {MISSING_TENSORBOARD}") from err
     stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns)
                   for p in ([path] if path.is_file() else event_files(path)))
     tags, rows = _read_events(os.fspath(path), stamp)

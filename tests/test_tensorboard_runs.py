@@ -158,3 +158,13 @@ def test_a_folder_without_metrics_names_what_is_needed(tmp_path, capsys, command
     err = _one_line_error(COMMANDS[command](run), capsys)
     assert str(run) in err and "no metrics.csv or TensorBoard event files (events.out.tfevents.*)" in err, err
     assert "runs/<algorithm>/version_N" in err, err
+
+
+def test_the_tensorboard_logger_without_tensorboard_says_what_to_install(tmp_path, monkeypatch, capsys):
+    """Before anything trains: one line with the install command, exit 2 (the optional extra is missing: bad
+    set-up, not a bug)."""
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    err = _one_line_error(["fit", "--config", str(CONFIGS / "dispfl_digits.yaml"), "--trainer.logger=tensorboard",
+                           "--trainer.rounds=1", f"--trainer.default_root_dir={tmp_path}"], capsys)
+    assert "logger='tensorboard' needs TensorBoard: pip install -e '.[tensorboard]'" in err, err
+    assert not list(tmp_path.rglob("metrics.csv")) and not list(tmp_path.rglob("events.out.tfevents.*"))

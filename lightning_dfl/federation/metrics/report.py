@@ -28,7 +28,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from lightning_dfl.errors import reading, writing
+from lightning_dfl.errors import MissingExtra, reading, writing
 
 MB = 1e6
 CLIENTS_CSV = "clients.csv"
@@ -89,7 +89,7 @@ def build_logger(logger: Logger | bool | str | None, root: str, name: str) -> Lo
         try:
             import tensorboard  # noqa: F401
         except ImportError as err:
-            raise ValueError("logger='tensorboard' needs TensorBoard: pip install -e '.[tensorboard]'") from err
+            raise MissingExtra("logger='tensorboard' needs TensorBoard: pip install -e '.[tensorboard]'") from err
         return RunTensorBoardLogger(root, name=name)
     raise ValueError(f"logger must be a Lightning Logger, True, False, 'csv' or 'tensorboard', got {logger!r}")
 
