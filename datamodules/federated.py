@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dfl.checks import check_int, check_output_path, check_positive, is_int
+from lightning_dfl.seeding import MAX_SEED
 from lightning_dfl.transfers import to_device
 
 from .datasets import DATASETS, EMBEDDED, load_dataset, smallest_input
@@ -163,12 +164,12 @@ class FederatedDataModule(L.LightningDataModule):
             ``Dir(alpha)`` over the groups) or ``"pathological"`` (``classes_per_group`` disjoint classes per group).
         classes_per_group: classes per group (``partition="cluster"`` with ``between="pathological"``).
         min_size: least training samples per client (``partition="dirichlet"`` or ``"exdir"``).
-        test_samples_per_client: size of each client's personal test set, >= 1 (DisPFL: 100).
+        test_samples_per_client: each client's personal test set size, 1 to the test split's (DisPFL: 100).
         batch_size: training batch size (DisPFL: 128).
         eval_batch_size: evaluation batch size.
         augment: random crop (padding 4) + horizontal flip; ``None``: on except for digits/mnist.
         image_size: resize images to ``image_size x image_size`` (``None``: the data set's size).
-        seed: seeds the partition and the personal test sets.
+        seed: seeds the partition and the personal test sets (0 to 2**32 - 1).
         download: let torchvision download mnist/cifar10/cifar100/svhn (needs network access).
         cache: where the decoded data set is cached on disk, keyed by its source files' names, sizes and times
             (``None``: ``$LIGHTNING_DFL_CACHE`` or ``~/.cache/lightning-dfl/decoded``; ``false``: no cache; a
@@ -214,6 +215,9 @@ class FederatedDataModule(L.LightningDataModule):
         check_int("min_size", min_size, 0)
         if num_groups is not None:
             check_int("num_groups", num_groups, 1)
+            if partition != "cluster":  # else the groups asked for would silently not exist
+                raise ValueError(f"num_groups={num_groups} is read by partition='cluster' only, got partition="
+                                 f"{partition!r}: set --data.partition=cluster, or remove num_groups")
             if is_int(num_clients) and num_groups > num_clients:
                 raise ValueError(f"num_groups={num_groups} exceeds num_clients={num_clients}: every group needs a "
                                  f"client; use at most {num_clients} groups")
@@ -235,7 +239,7 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"augment must be True, False or None, got {augment!r}")
         if image_size is not None:
             check_int("image_size", image_size, 1)
-        check_int("seed", seed, 0)
+        check_int("seed", seed, 0, MAX_SEED)
         if not isinstance(download, bool):
             raise ValueError(f"download must be a bool, got {download!r}")
         if download and dataset not in DOWNLOADABLE:
@@ -301,6 +305,11 @@ class FederatedDataModule(L.LightningDataModule):
             )
         train_labels = split.train.labels.numpy()
         test_labels = split.test.labels.numpy()
+        if self.test_samples_per_client > len(test_labels):  # no client could get them: refused, not cut short
+            raise ValueError(
+                f"test_samples_per_client={self.test_samples_per_client} exceeds the {len(test_labels)} samples of "
+                f"the test split of dataset {self.dataset!r}; allowed: an integer from 1 to {len(test_labels)}"
+            )
         parts = self.partitioner(train_labels, self.num_clients, self.seed)
         empty = [k for k, p in enumerate(parts) if len(p) == 0]
         if empty:  # a client without data can neither train nor be tested
@@ -523,6 +532,10 @@ class FederatedDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         """The official test split."""
+        return self._eval_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        """The official test split, in order (``trainer.predict(model, data)``: the logits of each batch)."""
         return self._eval_dataloader()
 
     # ------------------------------------------------------------------ checkpoints

@@ -18,8 +18,9 @@ from lightning_dfl.checks import is_int
 __all__ = ["ImageData", "Split", "check_image_size", "check_images_fit", "decode_images", "describe_error",
            "resize_images", "resize_split"]
 
-# torchvision.io prefixes its errors with the C++ function and source line: "decode_jpeg, /path/x.cpp:171, "
-_TORCHVISION_IO_PREFIX = re.compile(r"^\w+, \S+\.cpp:\d+, ")
+# torchvision.io prefixes its errors with the C++ function and source line: "decode_jpeg, /path/x.cpp:171, ", or
+# "operator(), /path/decode_png.cpp:79, " from a lambda
+_TORCHVISION_IO_PREFIX = re.compile(r"^[\w:<>~]+(?:\(\))?, \S+\.cpp:\d+, ")
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,9 @@ def decode_images(paths: Sequence[str | os.PathLike], image_size: int | None = N
     for i, path in enumerate(paths):
         path = os.fspath(path)
         if not os.path.isfile(path):
+            if os.path.lexists(path):  # a folder, a FIFO (reading it would block), a device, a broken link
+                raise FileNotFoundError(f"image {shown_path(path)} is not a regular file; an image must be one: "
+                                        "replace or delete it")
             raise FileNotFoundError(f"image file not found: {shown_path(path)}")
         with open(path, "rb") as fh:  # by Python: any file name (torchvision's read_file cannot open non-UTF-8 ones)
             data = fh.read()

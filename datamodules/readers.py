@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import pickle
+import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from torch import Tensor
 
 from lightning_dfl.checks import check_int, is_number
 from lightning_dfl.files import regular_files
+from lightning_dfl.seeding import MAX_SEED
 
 from .cache import cached_arrays
 from .images import ImageData, Split, check_image_size, decode_images, describe_error
@@ -122,16 +125,63 @@ def _require_files(
         )
 
 
-def _torchvision_call(name: str, root: Path, layout: str, factory: Callable[[], object]):
-    """Build a torchvision data set; a failed checksum or unreadable file becomes a ValueError."""
+def _corrupt(name: str, root: Path, layout: str, problem: str) -> ValueError:
+    return ValueError(
+        f"{name} under {root} is corrupt or not the official files ({problem}). Expected layout: {layout}. "
+        "Delete the files and pass download=True to fetch the official copy (needs network access)."
+    )
+
+
+def _torchvision_call(name: str, root: Path, layout: str, factory: Callable[[], object],
+                      checksums: Sequence[tuple[Path, str]] = (), download: bool = False):
+    """Build a torchvision data set; a failed checksum or unreadable file becomes a ValueError, naming the files of
+    ``checksums`` (path, official MD5) that fail their MD5 (torchvision's own message names none); with
+    ``download``, a download that fails (no network) is one too."""
+    from urllib.error import URLError
+
     try:
         return factory()
-    except _READ_ERRORS as err:
-        raise ValueError(
-            f"{name} under {root} is corrupt or not the official files (torchvision: {describe_error(err)}). "
-            f"Expected layout: "
-            f"{layout}. Delete the files and pass download=True to fetch the official copy (needs network access)."
-        ) from err
+    except Exception as err:
+        if download and (isinstance(err, (URLError, ConnectionError, TimeoutError))
+                         or str(err).startswith("Error downloading")):
+            raise ValueError(f"{name}: download=True could not fetch the official files into {root} "
+                             f"({' '.join(describe_error(err).split())}); without network access, put them there by "
+                             f"hand. Expected layout: {layout}") from err
+        if not isinstance(err, _READ_ERRORS):
+            raise
+        from torchvision.datasets.utils import check_integrity
+
+        failed = [os.path.relpath(path, root) for path, md5 in checksums
+                  if path.is_file() and not check_integrity(str(path), md5)]
+        problem = (f"{', '.join(failed)} {'fails' if len(failed) == 1 else 'fail'} the official MD5 checksum: "
+                   "truncated, damaged or another copy") if failed else f"torchvision: {describe_error(err)}"
+        raise _corrupt(name, root, layout, problem) from err
+
+
+def _idx_items(path: Path, item_shape: tuple[int, ...], what: str) -> int:
+    """The number of ``uint8`` items of ``item_shape`` in the idx file ``path`` (MNIST's format: bytes 00 00 08
+    <ndim>, ndim big-endian sizes, the data); a header or size that is not so is a one-line problem naming the
+    file (raised as ``_IdxError``), before torchvision reads it (its errors name no file)."""
+    ndim = 1 + len(item_shape)
+    with open(path, "rb") as fh:
+        head = fh.read(4 + 4 * ndim)
+    if len(head) < 4 or head[:3] != b"\x00\x00\x08" or head[3] != ndim:
+        start = head[:4].hex(" ") or "nothing (the file is empty)"
+        raise _IdxError(f"{path} starts with {start}, not the idx header 00 00 08 {ndim:02x} of {what}")
+    if len(head) < 4 + 4 * ndim:
+        raise _IdxError(f"{path} is truncated: {len(head)} bytes, shorter than its idx header ({4 + 4 * ndim} bytes)")
+    shape = struct.unpack(f">{ndim}I", head[4:])
+    if tuple(shape[1:]) != item_shape:
+        raise _IdxError(f"{path} holds {what} of {'x'.join(map(str, shape[1:]))}, not {'x'.join(map(str, item_shape))}")
+    need, size = len(head) + math.prod(shape), path.stat().st_size
+    if size != need:
+        raise _IdxError(f"{path} is {size:,} bytes, but its header declares {shape[0]:,} {what} ({need:,} bytes): "
+                        f"{'truncated' if size < need else 'trailing bytes'}")
+    return shape[0]
+
+
+class _IdxError(ValueError):
+    """An MNIST idx file that is not as its header says."""
 
 
 # --------------------------------------------------------------------------- loaders
@@ -181,7 +231,21 @@ def load_mnist(root: str | os.PathLike, download: bool = False,
     _require_files("MNIST", root, [f"MNIST/raw/{f}" for f in _MNIST_FILES], layout, download)
 
     def part(train: bool) -> ImageData:
-        ds = _torchvision_call("MNIST", root, layout, lambda: MNIST(str(root), train=train, download=download))
+        raw = root / "MNIST" / "raw"
+        images, labels = (raw / name for name in (_MNIST_FILES[:2] if train else _MNIST_FILES[2:]))
+        if images.is_file() and labels.is_file():  # else download=True fetches them
+            try:
+                count, labelled = _idx_items(images, (28, 28), "28x28 images"), _idx_items(labels, (), "labels")
+            except _IdxError as err:
+                raise _corrupt("MNIST", root, layout, str(err)) from None
+            if count != labelled:
+                raise _corrupt("MNIST", root, layout, f"{images} holds {count:,} images but {labels} {labelled:,} "
+                                                      "labels")
+        ds = _torchvision_call("MNIST", root, layout, lambda: MNIST(str(root), train=train, download=download),
+                               download=download)
+        if len(ds.targets) and int(ds.targets.max()) >= len(ds.classes):
+            raise _corrupt("MNIST", root, layout, f"{labels} holds the label {int(ds.targets.max())}; MNIST's labels "
+                                                  f"are 0 to {len(ds.classes) - 1}")
         return ImageData(ds.data.to(torch.uint8).unsqueeze(1).contiguous(), _labels(ds.targets), list(ds.classes))
 
     return _cached_split("mnist", root, [root / "MNIST" / "raw" / f for f in _MNIST_FILES],
@@ -194,8 +258,12 @@ def _load_cifar(cls, name: str, folder: str, files: Sequence[str], root, downloa
     layout = f"{root}/{folder}/{{{','.join(files)}}} (the official python pickles, torchvision's layout)"
     _require_files(name, root, [f"{folder}/{f}" for f in files], layout, download, hint)
 
+    official = [*cls.train_list, *cls.test_list, [cls.meta["filename"], cls.meta["md5"]]]
+    checksums = [(root / folder / file, md5) for file, md5 in official]
+
     def part(train: bool) -> ImageData:
-        ds = _torchvision_call(name, root, layout, lambda: cls(str(root), train=train, download=download))
+        ds = _torchvision_call(name, root, layout, lambda: cls(str(root), train=train, download=download), checksums,
+                               download)
         images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()  # HWC -> CHW
         return ImageData(images, _labels(ds.targets), list(ds.classes))
 
@@ -243,7 +311,9 @@ def load_svhn(root: str | os.PathLike, download: bool = False,
     classes = [str(c) for c in range(10)]
 
     def part(split: str) -> ImageData:
-        ds = _torchvision_call("SVHN", root, layout, lambda: SVHN(str(root), split=split, download=download))
+        _, file, md5 = SVHN.split_list[split]
+        ds = _torchvision_call("SVHN", root, layout, lambda: SVHN(str(root), split=split, download=download),
+                               [(root / file, md5)], download)
         return ImageData(torch.from_numpy(np.ascontiguousarray(ds.data)), _labels(ds.labels), classes)
 
     return _cached_split("svhn", root, [root / f for f in files], lambda: Split(part("train"), part("test")), cache)
@@ -303,6 +373,9 @@ def load_image_folder(root: str | os.PathLike, image_size: int | None = None,
     return Split(*(ImageData(images[h], _labels([c for _, c in s]), list(classes)) for h, s in halves.items()))
 
 
+_TINY_EXTENSIONS = (".jpeg", ".jpg", ".png")
+
+
 def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None,
                        cache: str | os.PathLike | bool | None = None) -> Split:
     """Tiny-ImageNet-200 in its official layout; the test split is the official validation set.
@@ -323,17 +396,28 @@ def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None,
             f"Tiny-ImageNet not found under {Path(root).expanduser()}: no wnids.txt there or in its "
             f"tiny-imagenet-200/ sub-folder. Expected layout: {layout}"
         )
-    wnids = sorted({line.strip() for line in _read_text(base / "wnids.txt").splitlines() if line.strip()})
+    listed: dict[str, int] = {}
+    for lineno, line in enumerate(_read_text(base / "wnids.txt").splitlines(), 1):
+        wnid = line.strip()
+        if wnid and listed.setdefault(wnid, lineno) != lineno:
+            raise ValueError(f"{base / 'wnids.txt'}:{lineno}: the class {wnid!r} is listed again (first on line "
+                             f"{listed[wnid]}); every wnid must appear once")
+    wnids = sorted(listed)
     if not wnids:
         raise ValueError(f"{base / 'wnids.txt'} lists no classes")
     class_to_idx = {w: i for i, w in enumerate(wnids)}
+    if (base / "train").is_dir():
+        unlisted = sorted(e.name for e in os.scandir(base / "train") if e.is_dir() and e.name not in class_to_idx)
+        if unlisted:
+            raise ValueError(f"{base / 'train'} holds {len(unlisted)} class folder(s) not listed in "
+                             f"{base / 'wnids.txt'} (first: {unlisted[0]}); add them to wnids.txt or remove them")
 
     train_paths, train_labels = [], []
     for wnid in wnids:
         folder = base / "train" / wnid / "images"
         if not folder.is_dir():
             raise FileNotFoundError(f"Tiny-ImageNet class folder missing: {folder}. Expected layout: {layout}")
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in _TINY_EXTENSIONS)
         if not files:
             raise FileNotFoundError(f"Tiny-ImageNet class folder {folder} holds no images (.JPEG); every class in "
                                     f"{base / 'wnids.txt'} needs training images. Expected layout: {layout}")
@@ -343,18 +427,31 @@ def load_tiny_imagenet(root: str | os.PathLike, image_size: int | None = None,
     annotations = base / "val" / "val_annotations.txt"
     if not annotations.is_file():
         raise FileNotFoundError(f"Tiny-ImageNet validation labels missing: {annotations}. Expected layout: {layout}")
-    test_paths, test_labels = [], []
+    test_paths, test_labels, seen = [], [], {}
     for lineno, line in enumerate(_read_text(annotations).splitlines(), 1):
         if not line.strip():
             continue
         fields = line.split("\t")
         if len(fields) < 2 or fields[1] not in class_to_idx:
             raise ValueError(f"{annotations}:{lineno}: expected '<file>\\t<wnid in wnids.txt>\\t...', got {line!r}")
+        if fields[0] in ("", ".", "..") or "/" in fields[0] or os.sep in fields[0]:
+            raise ValueError(f"{annotations}:{lineno}: expected the name of a file in {base / 'val' / 'images'}, "
+                             f"got {fields[0]!r}")
+        if seen.setdefault(fields[0], lineno) != lineno:
+            raise ValueError(f"{annotations}:{lineno}: {fields[0]} is listed again (first on line {seen[fields[0]]}); "
+                             "every validation image must appear once")
         test_paths.append(base / "val" / "images" / fields[0])
         test_labels.append(class_to_idx[fields[1]])
     if not test_paths:
         raise ValueError(f"{annotations} lists no validation images; expected one line '<file>\\t<wnid>\\t...' per "
                          f"image in {base / 'val' / 'images'}")
+    if (base / "val" / "images").is_dir():
+        unlabelled = sorted(e.name for e in os.scandir(base / "val" / "images")
+                            if os.path.splitext(e.name)[1].lower() in _TINY_EXTENSIONS and e.name not in seen)
+        if unlabelled:
+            raise ValueError(f"{annotations} gives no label for {len(unlabelled)} image(s) in "
+                             f"{base / 'val' / 'images'} (first: {unlabelled[0]}): the file is truncated or not the "
+                             "official one")
 
     images = _cached_decode("tiny_imagenet", base, {"train": train_paths, "test": test_paths}, image_size, cache)
     return Split(
@@ -384,7 +481,7 @@ def load_ham10000(
     check_image_size(image_size)
     if not (is_number(test_fraction) and 0.0 < test_fraction < 1.0):
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
-    check_int("seed", seed, 0)
+    check_int("seed", seed, 0, MAX_SEED)  # scikit-learn's random_state
     base = _find_base(root, "HAM10000_metadata.csv", "ham10000")
     layout = "HAM10000_metadata.csv (lesion_id,image_id,dx,...) and images/ISIC_*.jpg or HAM10000_images_part_{1,2}/"
     if base is None:
@@ -407,20 +504,34 @@ def load_ham10000(
     unknown = sorted({dx for _, dx in rows} - set(class_to_idx))
     if unknown:
         raise ValueError(f"{metadata}: unknown dx value(s) {unknown}; allowed {list(HAM10000_CLASSES)}")
+    row_of: dict[str, int] = {}
+    for row, (image_id, _) in enumerate(rows, 1):  # row 1: the first line after the header
+        if not image_id:
+            raise ValueError(f"{metadata}: data row {row} has an empty image_id; expected e.g. ISIC_0024306")
+        if row_of.setdefault(image_id, row) != row:
+            raise ValueError(f"{metadata}: image_id {image_id} is listed again in data row {row} (first in data row "
+                             f"{row_of[image_id]}); every image must appear once")
 
     located: dict[str, str] = {}
     for sub in _HAM_IMAGE_DIRS:
         if (base / sub).is_dir():
-            for entry in os.scandir(base / sub):
+            for entry in sorted(os.scandir(base / sub), key=lambda e: e.name):
                 stem, ext = os.path.splitext(entry.name)
                 if ext.lower() in (".jpg", ".jpeg", ".png"):
-                    located.setdefault(stem, entry.path)
+                    if stem in located:  # which of the two is the image would depend on the folders' order
+                        raise ValueError(f"HAM10000: image {stem} is both {located[stem]} and {entry.path}; keep one "
+                                         "(in images/ or in the official HAM10000_images_part_{1,2}/)")
+                    located[stem] = entry.path
     absent = [image_id for image_id, _ in rows if image_id not in located]
     if absent:
         raise FileNotFoundError(
             f"HAM10000: {len(absent)} image(s) listed in {metadata} not found in "
             f"{', '.join(str(base / s) for s in _HAM_IMAGE_DIRS)} (first: {absent[0]}.jpg)"
         )
+    unlisted = sorted(set(located) - set(row_of))
+    if unlisted:
+        raise ValueError(f"{metadata} gives no dx for {len(unlisted)} image(s) (first: {located[unlisted[0]]}): the "
+                         "file is truncated or not the official one, or the image does not belong to the data set")
     labels = np.array([class_to_idx[dx] for _, dx in rows], dtype=np.int64)
     counts = np.bincount(labels, minlength=len(HAM10000_CLASSES))
     lonely = [HAM10000_CLASSES[c] for c in np.flatnonzero(counts == 1)]

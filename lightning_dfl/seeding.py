@@ -6,6 +6,10 @@ import zlib
 
 import numpy as np
 
+#: the largest seed a run, its data, its model or a callback takes: NumPy's and scikit-learn's seeds and Lightning's
+#: ``seed_everything`` are unsigned 32-bit integers, and :func:`derive_seed` reads a seed's low 32 bits only
+MAX_SEED = 2**32 - 1
+
 
 def derive_seed(seed: int, stream: str, *keys: int) -> int:
     """A 63-bit seed for ``stream`` (e.g. ``"data"``) at ``keys`` (e.g. round, client).

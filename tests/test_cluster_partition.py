@@ -178,6 +178,8 @@ def test_datamodule_dirichlet_cluster_is_seeded():
     ({"partition": "cluster", "num_groups": 2, "between": "random"}, "between must be one of.*got 'random'"),
     ({"partition": "cluster", "num_groups": 2, "classes_per_group": -1},
      "classes_per_group must be an integer >= 1, got -1"),
+    ({"partition": "dirichlet", "num_groups": 3},  # the groups asked for would not exist
+     r"num_groups=3 is read by partition='cluster' only, got partition='dirichlet'"),
 ])
 def test_datamodule_bad_cluster_options(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -6,6 +6,7 @@ import csv
 import os
 import pickle
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -492,6 +493,8 @@ def test_ham10000_bad_metadata_and_images_are_named(tmp_path):
     rows = metadata.read_text().splitlines()
     dropped = {f",ISIC_{n:07d}," for n in range(1, 5)}  # akiec keeps one of its 5 images
     metadata.write_text("\n".join(r for r in rows if not any(d in r for d in dropped)) + "\n")
+    for n in range(1, 5):  # an image without its row is refused (a truncated metadata file)
+        (tmp_path / "images" / f"ISIC_{n:07d}.jpg").unlink()
     with pytest.raises(ValueError) as err:
         load_ham10000(tmp_path, image_size=8)
     assert str(err.value) == (f"{metadata}: class(es) ['akiec'] have a single image; the split by class needs at "
@@ -523,7 +526,8 @@ def test_mnist_foreign_files_are_a_clear_error(tmp_path):
         (raw / name).write_bytes(b"\x00\x00\x20\x01" + bytes(60))  # not an idx magic number
     with pytest.raises(ValueError) as err:
         load_mnist(tmp_path)
-    assert f"MNIST under {tmp_path} is corrupt or not the official files (torchvision: " in str(err.value)
+    assert str(err.value).startswith(f"MNIST under {tmp_path} is corrupt or not the official files ({raw / readers._MNIST_FILES[0]} "
+                                     "starts with 00 00 20 01, not the idx header 00 00 08 03 of 28x28 images). ")
     assert "download=True" in str(err.value)
 
 
@@ -579,3 +583,213 @@ def test_no_shipped_config_names_a_data_root():
     assert len(configs) > 40
     named = [p.name for p in configs if "root" in ((yaml.safe_load(p.read_text()) or {}).get("data") or {})]
     assert named == []
+
+
+# ----------------------------------------------------------------------------- damaged files name the file
+
+
+def _write_mnist(root, train=6, test=4):
+    rng = np.random.default_rng(0)
+    raw = root / "MNIST" / "raw"
+    for prefix, n in (("train", train), ("t10k", test)):
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n))
+    return raw
+
+
+@pytest.mark.parametrize("case, problem", [
+    ("truncated", "{raw}/train-images-idx3-ubyte is 4,704 bytes, but its header declares 6 28x28 images (4,720 "
+                  "bytes): truncated"),
+    ("empty", "{raw}/t10k-labels-idx1-ubyte starts with nothing (the file is empty), not the idx header 00 00 08 01 "
+              "of labels"),
+    ("short header", "{raw}/t10k-images-idx3-ubyte is truncated: 10 bytes, shorter than its idx header (16 bytes)"),
+    ("counts", "{raw}/train-images-idx3-ubyte holds 6 images but {raw}/train-labels-idx1-ubyte 4 labels"),
+    ("label", "{raw}/t10k-labels-idx1-ubyte holds the label 200; MNIST's labels are 0 to 9"),
+], ids=["truncated", "empty", "short-header", "counts", "label"])
+def test_a_damaged_mnist_file_is_named(tmp_path, case, problem):
+    """torchvision's own errors ("shape '[60000, 28, 28]' is invalid for input of size 47039000") name no file; a
+    wrong label reached ImageData ("labels must lie in [0, 10)") with neither data set nor file."""
+    raw = _write_mnist(tmp_path)
+    if case == "truncated":
+        data = (raw / "train-images-idx3-ubyte").read_bytes()
+        (raw / "train-images-idx3-ubyte").write_bytes(data[:-16])
+    elif case == "empty":
+        (raw / "t10k-labels-idx1-ubyte").write_bytes(b"")
+    elif case == "short header":
+        (raw / "t10k-images-idx3-ubyte").write_bytes((raw / "t10k-images-idx3-ubyte").read_bytes()[:10])
+    elif case == "counts":
+        (raw / "train-labels-idx1-ubyte").write_bytes((raw / "t10k-labels-idx1-ubyte").read_bytes())
+    else:
+        _write_idx(raw / "t10k-labels-idx1-ubyte", np.array([0, 1, 200, 3]))
+    with pytest.raises(ValueError) as err:
+        load_mnist(tmp_path, cache=False)
+    message = str(err.value)
+    assert message.startswith(f"MNIST under {tmp_path} is corrupt or not the official files "
+                              f"({problem.format(raw=raw)}). Expected layout: ")
+    assert "\n" not in message
+
+
+def test_a_damaged_cifar_file_is_named_by_its_checksum(tmp_path, monkeypatch):
+    """torchvision only says "Dataset not found or corrupted": the message names the file that fails its MD5."""
+    import hashlib
+
+    from torchvision.datasets import CIFAR10
+
+    _write_cifar10(tmp_path)
+    base = tmp_path / "cifar-10-batches-py"
+    md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in base.iterdir()}  # the fixture is "official"
+    monkeypatch.setattr(CIFAR10, "train_list", [[f"data_batch_{i}", md5[f"data_batch_{i}"]] for i in range(1, 6)])
+    monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", md5["test_batch"]]])
+    monkeypatch.setattr(CIFAR10, "meta", {**CIFAR10.meta, "md5": md5["batches.meta"]})
+    assert len(load_cifar10(tmp_path, cache=False).train) == 10
+    data = (base / "data_batch_3").read_bytes()
+    (base / "data_batch_3").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError) as err:
+        load_cifar10(tmp_path, cache=False)
+    assert str(err.value).startswith(f"CIFAR-10 under {tmp_path} is corrupt or not the official files "
+                                     "(cifar-10-batches-py/data_batch_3 fails the official MD5 checksum: truncated, "
+                                     "damaged or another copy). Expected layout: ")
+
+
+def test_a_damaged_svhn_file_is_named_by_its_checksum(tmp_path):
+    from scipy.io import savemat
+
+    savemat(tmp_path / "train_32x32.mat", {"X": np.zeros((32, 32, 3, 2), np.uint8), "y": np.array([[1], [2]])})
+    (tmp_path / "test_32x32.mat").write_bytes(b"")
+    with pytest.raises(ValueError, match=re.escape(f"SVHN under {tmp_path} is corrupt or not the official files "
+                                                   "(train_32x32.mat fails the official MD5 checksum")):
+        load_svhn(tmp_path, cache=False)
+
+
+def test_a_truncated_png_is_named_without_torchvisions_source_line(tmp_path):
+    """decode_png's error came as "operator(), /__w/vision/.../decode_png.cpp:79, Out of bound read ..."."""
+    from lightning_dfl.datamodules.images import decode_images
+
+    path = tmp_path / "cut.png"
+    data = encode_png(torch.randint(0, 255, (3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)))
+    path.write_bytes(data.numpy().tobytes()[:-200])
+    with pytest.raises(ValueError) as err:
+        decode_images([path])
+    assert str(err.value).startswith(f"cannot decode image {path} (Out of bound read in decode_png")
+    assert ".cpp" not in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "broken link"])
+def test_an_image_that_is_not_a_regular_file_is_named_so(tmp_path, kind):
+    """A folder, FIFO or broken link named like an image was "image file not found" though it is there."""
+    from lightning_dfl.datamodules.images import decode_images
+
+    path = tmp_path / "0001.jpg"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(tmp_path / "absent.jpg")
+    with pytest.raises(FileNotFoundError, match=f"^image {re.escape(str(path))} is not a regular file; an image must "
+                                                "be one: replace or delete it$"):
+        decode_images([path])
+
+
+@pytest.mark.parametrize("case, error, message", [
+    ("wnid twice", ValueError, "{base}/wnids.txt:4: the class 'n01000000' is listed again (first on line 2); every "
+                               "wnid must appear once"),
+    ("class folder not in wnids", ValueError, "{base}/train holds 1 class folder(s) not listed in {base}/wnids.txt "
+                                              "(first: n09000000); add them to wnids.txt or remove them"),
+    ("image listed twice", ValueError, "{base}/val/val_annotations.txt:5: val_1.JPEG is listed again (first on line "
+                                       "2); every validation image must appear once"),
+    ("path outside val/images", ValueError, "{base}/val/val_annotations.txt:5: expected the name of a file in "
+                                            "{base}/val/images, got '../../train/n01000000/images/n01000000_0.JPEG'"),
+    ("empty file name", ValueError, "{base}/val/val_annotations.txt:5: expected the name of a file in "
+                                    "{base}/val/images, got ''"),
+    ("image without a label", ValueError, "{base}/val/val_annotations.txt gives no label for 1 image(s) in "
+                                          "{base}/val/images (first: val_3.JPEG): the file is truncated or not the "
+                                          "official one"),
+], ids=["wnid-twice", "class-folder-not-in-wnids", "image-listed-twice", "path-outside-val-images", "empty-file-name",
+        "image-without-a-label"])
+def test_tiny_imagenet_inconsistent_lists_are_refused(tmp_path, case, error, message):
+    """Each was silently accepted: a duplicate wnid dropped, a class folder missing from wnids.txt ignored, a
+    validation image counted twice, a training image read as a validation one, an unlabelled image left out."""
+    base = _write_tiny_imagenet(tmp_path)
+    annotations = base / "val" / "val_annotations.txt"
+    lines = annotations.read_text().splitlines()
+    if case == "wnid twice":
+        (base / "wnids.txt").write_text("n02000000\nn01000000\nn03000000\nn01000000\n")
+    elif case == "class folder not in wnids":
+        shutil.copytree(base / "train" / "n01000000", base / "train" / "n09000000")
+    elif case == "image listed twice":
+        annotations.write_text("\n".join(lines + [lines[1]]) + "\n")
+    elif case == "path outside val/images":
+        annotations.write_text("\n".join(lines + ["../../train/n01000000/images/n01000000_0.JPEG\tn01000000"]) + "\n")
+    elif case == "empty file name":
+        annotations.write_text("\n".join(lines + ["\tn01000000"]) + "\n")
+    else:
+        annotations.write_text("\n".join(lines[:3]) + "\n")  # cut at a line's end
+    with pytest.raises(error) as err:
+        load_tiny_imagenet(base, cache=False)
+    assert str(err.value) == message.format(base=base)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("image twice", "{metadata}: image_id ISIC_0000002 is listed again in data row 36 (first in data row {first}); "
+                    "every image must appear once"),
+    ("empty image_id", "{metadata}: data row 36 has an empty image_id; expected e.g. ISIC_0024306"),
+    ("two files", "HAM10000: image ISIC_0000002 is both {root}/HAM10000_images_part_1/ISIC_0000002.jpg and "
+                  "{root}/images/ISIC_0000002.jpg; keep one (in images/ or in the official "
+                  "HAM10000_images_part_{{1,2}}/)"),
+    ("jpg and png", "HAM10000: image ISIC_0000002 is both {root}/images/ISIC_0000002.jpg and "
+                    "{root}/images/ISIC_0000002.png; keep one (in images/ or in the official "
+                    "HAM10000_images_part_{{1,2}}/)"),
+    ("image without a row", "{metadata} gives no dx for 1 image(s) (first: {root}/images/ISIC_0000099.jpg): the file "
+                            "is truncated or not the official one, or the image does not belong to the data set"),
+], ids=["image-twice", "empty-image-id", "two-files", "jpg-and-png", "image-without-a-row"])
+def test_ham10000_inconsistent_metadata_and_images_are_refused(tmp_path, case, message):
+    """Each loaded before: an image twice in the metadata was decoded twice (possibly in train and test, or under two
+    labels), which of two files was the image depended on the folders' order, and an image without a row was left
+    out."""
+    root = tmp_path / "ham"
+    _write_ham(root, per_class=5)
+    metadata = root / "HAM10000_metadata.csv"
+    rows = metadata.read_text().splitlines()
+    first = next(i for i, r in enumerate(rows) if ",ISIC_0000002," in r)
+    if case == "image twice":
+        metadata.write_text("\n".join(rows + [rows[first].replace(",akiec,", ",nv,")]) + "\n")
+    elif case == "empty image_id":
+        metadata.write_text("\n".join(rows + ["HAM_9,,nv,histo,50.0,male,back"]) + "\n")
+    elif case == "two files":
+        (root / "HAM10000_images_part_1").mkdir()
+        shutil.copy(root / "images" / "ISIC_0000002.jpg", root / "HAM10000_images_part_1")
+        os.rename(root / "images", root / "HAM10000_images_part_2")  # the official parts, one image in both
+        message = message.replace("{root}/images/", "{root}/HAM10000_images_part_2/")
+    elif case == "jpg and png":
+        shutil.copy(root / "images" / "ISIC_0000002.jpg", root / "images" / "ISIC_0000002.png")
+    else:
+        shutil.copy(root / "images" / "ISIC_0000002.jpg", root / "images" / "ISIC_0000099.jpg")
+    with pytest.raises((ValueError, FileNotFoundError)) as err:
+        load_ham10000(root, image_size=8, cache=False)
+    assert str(err.value) == message.format(metadata=metadata, root=root, first=first)
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "svhn"])
+def test_a_failed_download_is_one_line(tmp_path, monkeypatch, name):
+    """Without network, CIFAR-10 and SVHN raised urllib's URLError (a traceback), MNIST said its files were
+    "corrupt or not the official files" and quoted torchvision's message of five lines."""
+    from urllib.error import URLError
+
+    import torchvision.datasets.cifar as tv_cifar
+    import torchvision.datasets.mnist as tv_mnist
+    import torchvision.datasets.svhn as tv_svhn
+
+    def offline(*args, **kwargs):
+        raise URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(tv_mnist, "download_and_extract_archive", offline)
+    monkeypatch.setattr(tv_cifar, "download_and_extract_archive", offline)
+    monkeypatch.setattr(tv_svhn, "download_url", offline)
+    with pytest.raises(ValueError) as err:
+        load_dataset(name, tmp_path, download=True, cache=False)
+    message = str(err.value)
+    shown = {"mnist": "MNIST", "cifar10": "CIFAR-10", "svhn": "SVHN"}[name]
+    assert message.startswith(f"{shown}: download=True could not fetch the official files into {tmp_path} (")
+    assert "Name or service not known" in message and "without network access, put them there by hand" in message
+    assert "\n" not in message

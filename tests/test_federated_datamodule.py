@@ -247,6 +247,17 @@ def test_exdir_through_the_module():
     assert all(np.array_equal(again.client_train_indices(k), parts[k]) for k in range(20))
 
 
+def test_more_test_samples_per_client_than_the_test_split_holds_is_refused():
+    """Every client got the whole test split (450 samples of digits), fewer than asked, with a warning only."""
+    with pytest.raises(ValueError) as err:
+        FederatedDataModule(test_samples_per_client=451).setup()
+    assert str(err.value) == ("test_samples_per_client=451 exceeds the 450 samples of the test split of dataset "
+                              "'digits'; allowed: an integer from 1 to 450")
+    dm = FederatedDataModule(num_clients=2, partition="iid", test_samples_per_client=450)
+    dm.setup()
+    assert [dm.client_test_size(k) for k in range(2)] == [450, 450]
+
+
 def test_short_test_pools_warn():
     dm = FederatedDataModule(partition="pathological", classes_per_client=1, num_clients=3)
     with pytest.warns(UserWarning, match="test_samples_per_client=100"):
@@ -280,7 +291,8 @@ def test_short_test_pools_warn():
         ({"eval_batch_size": 2.5}, "eval_batch_size must be an integer >= 1, got 2.5"),
         ({"image_size": 0}, "image_size must be an integer >= 1, got 0"),
         ({"augment": "yes"}, "augment must be True, False or None, got 'yes'"),
-        ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+        ({"seed": -1}, r"seed must be an integer in \[0, 4294967295\], got -1"),
+        ({"seed": 2**32}, r"seed must be an integer in \[0, 4294967295\], got 4294967296"),
         ({"download": True}, "download=True is only supported for cifar10, cifar100, mnist, svhn, not 'digits'"),
     ],
 )
