@@ -39,6 +39,13 @@ def is_federated(trainer: Any) -> bool:
     return bool(getattr(trainer, "is_federated", False))
 
 
+def log_epoch_value(pl_module: Any, name: str, value: float) -> None:
+    """``pl_module.log`` of a plain ``Trainer``'s per-epoch value that is the same on every rank (DDP keeps the
+    weights and the masks identical): synced by a max over the ranks, which is that value exactly, so that
+    Lightning does not ask for ``sync_dist`` and no rank's value is averaged into another's."""
+    pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="max")
+
+
 class FederatedCallback(Callback):
     """A ``Callback`` with no-op federated hooks; subclass it or implement the hooks by name."""
 

@@ -27,7 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_dfl.callbacks._mask_owner import MaskOwner, federated_mask, module_mask
 from lightning_dfl.callbacks._records import ClientRecords, OneRecord
-from lightning_dfl.callbacks.base import FederatedCallback, is_federated
+from lightning_dfl.callbacks.base import FederatedCallback, is_federated, log_epoch_value
 from lightning_dfl.checks import is_int, is_number
 from lightning_dfl.sparse.masks import ModelMask, maskable_parameters
 from lightning_dfl.sparse.pqi import (
@@ -140,7 +140,7 @@ class PQIPruning(FederatedCallback):
                     "`schedule` must be a callable round_idx -> bool, a list of round indices (ints >= 0) "
                     f"or None (take the rounds from a voting callback), got {schedule!r}")
             self._schedule_set = frozenset(int(i) for i in schedule)
-        if verbose not in (0, 1, 2) or isinstance(verbose, bool):
+        if not is_int(verbose) or verbose not in (0, 1, 2):
             raise MisconfigurationException(f"`verbose` must be any of (0, 1, 2), got {verbose!r}")
 
         self.target_sparsity = float(target_sparsity)
@@ -329,8 +329,8 @@ class PQIPruning(FederatedCallback):
         if self.should_prune(epoch):
             event = self._prune(trainer, mask, epoch, 0, f"epoch {epoch}")
         sparsity = self._note_sparsity(trainer, 0, mask)
-        pl_module.log("pqi/pruned_weights", float(event.pruned if event else 0), on_step=False, on_epoch=True)
-        pl_module.log("sparsity/mean", sparsity, on_step=False, on_epoch=True)
+        log_epoch_value(pl_module, "pqi/pruned_weights", float(event.pruned if event else 0))
+        log_epoch_value(pl_module, "sparsity/mean", sparsity)
 
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from lightning_dfl.callbacks._mask_owner import MaskOwner, federated_mask, modul
 from lightning_dfl.callbacks.base import FederatedCallback, is_federated
 from lightning_dfl.checks import is_int, is_number
 from lightning_dfl.errors import ConfigurationError
+from lightning_dfl.seeding import MAX_SEED
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.masks import Masks, ModelMask
 from lightning_dfl.sparse.rigl import REGROWTH_MODES, cosine_drop_fraction, dense_gradients, rigl_masks
@@ -45,8 +46,9 @@ class RigL(FederatedCallback):
     :class:`~lightning_dfl.sparse.masks.ModelMask` (lightning-dfl's models): a dense module's
     mask (density 1) is drawn afresh at ``density`` and ``distribution``; a sparse one is kept
     when ``density`` is None or equal to its density, and refused with both densities named
-    otherwise. A module without a mask gets one from the callback over its Conv/Linear weights
-    at ``density`` (0.5 when None); the callback attaches its gradient hooks and re-masks the
+    otherwise; a fit resumed from a checkpoint keeps the checkpoint's mask (maybe pruned since).
+    A module without a mask gets one from the callback over its Conv/Linear weights at
+    ``density`` (0.5 when None); the callback attaches its gradient hooks and re-masks the
     weights after every optimizer step, so that momentum and weight decay cannot revive a
     dropped weight.
 
@@ -70,8 +72,8 @@ class RigL(FederatedCallback):
             ``alpha_t = alpha_0 / 2 (1 + cos(pi t / T))``, in ``[0, 1]``; or a callable
             ``(t, T) -> fraction``.
         regrowth: ``"gradient"`` (RigL) or ``"random"`` (uniform among inactive positions).
-        gradient_batches: batches whose dense gradient scores regrowth (federation only; a
-            plain ``Trainer`` uses the current batch).
+        gradient_batches: batches whose dense gradient scores regrowth, at most (a client with
+            fewer uses all of its own; federation only: a plain ``Trainer`` uses the current batch).
         update_every: update period in ``update_interval`` units (plain ``Trainer`` only).
         update_interval: ``"step"`` (optimizer steps) or ``"epoch"``.
         stop_fraction: no update once ``t >= stop_fraction * T`` (RigL's ``T_end``), in ``(0, 1]``.
@@ -79,9 +81,9 @@ class RigL(FederatedCallback):
             own mask as it is (0.5 for a module without one). In a federation the clients' masks
             are drawn at the model's density: a different one here is refused.
         distribution: layer densities of a mask the callback draws: one of ``"erk"``, ``"uniform"``.
-        seed: seed of the initial mask and of random regrowth; random regrowth uses a generator
-            seeded from ``(seed, t)``, or ``(seed, round, client_id)`` in the federation, so the
-            result does not depend on execution order.
+        seed: seed of the initial mask and of random regrowth, in ``[0, 2**32 - 1]``; random
+            regrowth uses a generator seeded from ``(seed, t)``, or ``(seed, round, client_id)``
+            in the federation, so the result does not depend on execution order.
         verbose: 0 silent, 1 one line per update, 2 also one line per layer.
 
     Raises:
@@ -121,9 +123,9 @@ class RigL(FederatedCallback):
             raise MisconfigurationException(f"`density` must be a float in (0, 1] or None, got {density!r}")
         if distribution not in DISTRIBUTIONS:
             raise MisconfigurationException(f"`distribution` must be one of {DISTRIBUTIONS}, got {distribution!r}")
-        if not is_int(seed):
-            raise MisconfigurationException(f"`seed` must be an int, got {seed!r}")
-        if verbose not in (0, 1, 2) or isinstance(verbose, bool):
+        if not is_int(seed) or not 0 <= seed <= MAX_SEED:
+            raise MisconfigurationException(f"`seed` must be an int in [0, {MAX_SEED}], got {seed!r}")
+        if not is_int(verbose) or verbose not in (0, 1, 2):
             raise MisconfigurationException(f"`verbose` must be any of (0, 1, 2), got {verbose!r}")
 
         self.drop_fraction = drop_fraction
@@ -142,6 +144,7 @@ class RigL(FederatedCallback):
         self._num_updates = 0
         self._last_update_step = 0
         self._last_batch: tuple[Any, int] | None = None
+        self._restored = False  # a checkpoint state was loaded: its mask is the run's, whatever its density
 
     # -- the mask ------------------------------------------------------------------------
     @property
@@ -168,11 +171,13 @@ class RigL(FederatedCallback):
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Set up the mask once the module built its layers (in its ``setup``) and a checkpoint was restored."""
+        restored, self._restored = self._restored, False
         if is_federated(trainer):
             return
         mask = module_mask(pl_module)
         if mask is not None:
-            self._set_module_density(pl_module, mask)
+            if not restored:  # resumed: the checkpoint's mask, maybe pruned since RigL set its density
+                self._set_module_density(pl_module, mask)
             return
         density = 0.5 if self.density is None else self.density
         self._masks.setup(pl_module, lambda: initial_masks(
@@ -369,6 +374,7 @@ class RigL(FederatedCallback):
         self._num_updates = int(state_dict.get("num_updates", 0))
         self._last_update_step = int(state_dict.get("last_update_step", 0))
         self._masks.load_state(state_dict.get("masks"))
+        self._restored = True
 
 
 @contextmanager

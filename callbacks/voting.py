@@ -39,8 +39,8 @@ from torch import Tensor
 
 from lightning_dfl.callbacks._mask_owner import module_mask
 from lightning_dfl.callbacks._records import ClientRecords, OneRecord
-from lightning_dfl.callbacks.base import FederatedCallback, is_federated
-from lightning_dfl.checks import is_number
+from lightning_dfl.callbacks.base import FederatedCallback, is_federated, log_epoch_value
+from lightning_dfl.checks import is_int, is_number
 from lightning_dfl.pruning_time import PruningSchedule, detection_score, first_pruning_round, pruning_rounds, vote
 from lightning_dfl.sparse.bits import pack_bits, unpack_bits
 from lightning_dfl.state_field import StateField
@@ -254,7 +254,7 @@ class PruningTimeVoting(FederatedCallback):
             raise MisconfigurationException(f"`b` must be a float >= 0, got {b!r}")
         if not is_number(c) or not c > 0:
             raise MisconfigurationException(f"`c` must be a float > 0, got {c!r}")
-        if verbose not in (0, 1, 2) or isinstance(verbose, bool):
+        if not is_int(verbose) or verbose not in (0, 1, 2):
             raise MisconfigurationException(f"`verbose` must be any of (0, 1, 2), got {verbose!r}")
         self.delta_pr = float(delta_pr)
         self.delta_v = float(delta_v)
@@ -478,9 +478,12 @@ class PruningTimeVoting(FederatedCallback):
             return  # a local epoch of a client; the federation votes per round
         epoch = int(trainer.current_epoch)
         self._begin_round(epoch)
-        self._record(self._records.plain, self._delta(trainer, pl_module, PLAIN_VOTER))
+        delta = self._delta(trainer, pl_module, PLAIN_VOTER)
+        if getattr(trainer, "world_size", 1) > 1:  # one vote on every rank: PQIPruning prunes in the same epochs
+            delta = trainer.strategy.broadcast(delta, src=0)
+        self._record(self._records.plain, delta)
         for name, value in self._close_round(epoch, int(trainer.max_epochs)).items():
-            pl_module.log(name, value, on_step=False, on_epoch=True)
+            log_epoch_value(pl_module, name, value)
 
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from lightning_dfl.checks import check_bool, check_int, is_int, is_number
 from lightning_dfl.deferred import accumulator_dtype, host_reads_are_cheap
 from lightning_dfl.models import available_models, build_model, check_model
 from lightning_dfl.models import model_options as builder_options
+from lightning_dfl.seeding import MAX_SEED
 from lightning_dfl.sparse.erk import DISTRIBUTIONS, initial_masks
 from lightning_dfl.sparse.flops import FlopsProfile, profile_flops
 from lightning_dfl.sparse.masks import Masks, ModelMask, active_counts, count_active_together, maskable_parameters
@@ -81,7 +82,7 @@ class SparseClassifier(LightningModule):
         lr_decay: multiplicative decay per round (federation) or per epoch (plain ``Trainer``).
         momentum, weight_decay: SGD settings, momentum in [0, 1), weight decay >= 0 (papers: momentum 0,
             weight decay 5e-4).
-        seed: seed of the initial weights and the initial mask.
+        seed: seed of the initial weights and mask (0 to 2**32 - 1).
     """
 
     def __init__(
@@ -127,7 +128,7 @@ class SparseClassifier(LightningModule):
         for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("image_size", image_size)):
             if value is not None and not (is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be an integer >= 1, or None to take it from the data; got {value!r}")
-        check_int("seed", seed, 0)
+        check_int("seed", seed, 0, MAX_SEED)
         #: the sizes given here (None: take them from the data); ``build`` refuses data that differs
         self._requested_spec = (num_classes, in_channels, image_size)
         self.save_hyperparameters()
@@ -170,6 +171,7 @@ class SparseClassifier(LightningModule):
                                      **(hp.model_options or {}))
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self._check_mask_exclude()
         generator = torch.Generator().manual_seed(hp.seed)
         masks = self.draw_initial_masks(generator)
@@ -332,14 +334,23 @@ class SparseClassifier(LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int = 0) -> None:
-        x, y = batch
-        logits = self(x)
-        self.val_acc(logits, y)
-        self.log("val/loss", F.cross_entropy(logits, y))
-        self.log("val/acc", self.val_acc, prog_bar=True)
+        self._score(batch, "val", self.val_acc)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int = 0) -> None:
-        self.validation_step(batch, batch_idx)
+        self._score(batch, "test", self.test_acc)
+
+    def _score(self, batch: tuple[Tensor, Tensor], stage: str, accuracy: MulticlassAccuracy) -> None:
+        """Log ``{stage}/loss`` and ``{stage}/acc`` of one batch (a plain ``Trainer``'s validation or test)."""
+        x, y = batch
+        logits = self(x)
+        accuracy(logits, y)
+        self.log(f"{stage}/loss", F.cross_entropy(logits, y), sync_dist=True)  # each rank's shard, averaged
+        self.log(f"{stage}/acc", accuracy, prog_bar=True)
+
+    def predict_step(self, batch: Any, batch_idx: int = 0) -> Tensor:
+        """The logits of a batch ``x`` or ``(x, y)`` (the datamodule's loaders give ``(x, y)``)."""
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self(x)
 
     @torch.no_grad()
     def evaluate(self, batches: Any) -> tuple[int, int, float]:

@@ -3,10 +3,15 @@ module builds its network in its ``setup`` (after the callbacks' ``setup``), the
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import plain_trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
 
 from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
 from lightning_dfl.datamodules import FederatedDataModule
@@ -98,3 +103,161 @@ def test_voting_decides_and_pqi_prunes_with_rigl_on_the_modules_mask():
     assert not pqi.owns_mask and not rigl.owns_mask
     assert model.mask.sparsity() == pytest.approx(pqi.history[0].sparsity_after)
     assert 0.5 < model.mask.sparsity() <= 0.8 and _zero_outside_the_mask(model)
+
+
+# -- checkpoints, evaluation, foreign modules, bad arguments ------------------------------------------------------
+class _KilledAt(Callback):
+    """Stops the run as a kill would, at the start of epoch ``epoch`` (the checkpoint of the epoch before is kept)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == self.epoch:
+            raise RuntimeError("killed")
+
+
+def _loaders():
+    """The digits loaders in a fixed order: FederatedDataModule's training loader draws its order from a fresh
+    generator per loader, so a resumed run would not see the epochs' orders of an uninterrupted one."""
+    data = _ready(_data())
+    train = data.train_dataloader()
+    return DataLoader(train.dataset, batch_size=32, collate_fn=train.collate_fn), data.val_dataloader()
+
+
+def _resumable_fit(dirpath, dense, kill_at=None, ckpt_path=None):
+    density = 1.0 if dense else 0.5
+    model = SparseClassifier(arch="cnn_digits", num_classes=10, in_channels=1, image_size=8, density=density, lr=0.05)
+    callbacks = [PruningTimeVoting(delta_pr=10.0), PQIPruning(target_sparsity=0.8),
+                 RigL(density=0.3 if dense else None, update_every=3)]
+    extra = [_KilledAt(kill_at)] if kill_at is not None else []
+    trainer = Trainer(accelerator="cpu", max_epochs=5, limit_train_batches=4, limit_val_batches=2, logger=False,
+                      callbacks=[*callbacks, ModelCheckpoint(dirpath=dirpath, save_last=True), *extra],
+                      default_root_dir=dirpath, enable_progress_bar=False, enable_model_summary=False)
+    try:
+        trainer.fit(model, *_loaders(), ckpt_path=ckpt_path)
+    except RuntimeError as killed:
+        assert str(killed) == "killed"
+    return model, callbacks
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["dense_module_at_rigls_density", "sparse_module"])
+def test_a_killed_run_resumed_from_its_checkpoint_ends_as_an_uninterrupted_one(tmp_path, dense):
+    """Killed after the pruning epoch (index 2) and resumed with ``ckpt_path``: RigL's, the voting's and PQI's
+    states and the module's mask come back, and the run ends bit for bit as one never stopped. A dense module at
+    RigL's density 0.3, pruned since to 0.2, is not refused as "another density" on resume."""
+    whole, whole_callbacks = _resumable_fit(tmp_path / "whole", dense)
+    _resumable_fit(tmp_path / "killed", dense, kill_at=3)
+    resumed, resumed_callbacks = _resumable_fit(tmp_path / "killed", dense, ckpt_path=tmp_path / "killed" / "last.ckpt")
+    assert [e.round_idx for e in whole_callbacks[1].history] == [2]
+    for name, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+    assert all(torch.equal(m, resumed.mask.masks[n]) for n, m in whole.mask.masks.items())
+    voting, resumed_voting = whole_callbacks[0], resumed_callbacks[0]
+    assert (voting.t_star, voting.vote_shares, voting.score_means) == (
+        resumed_voting.t_star, resumed_voting.vote_shares, resumed_voting.score_means)
+    assert whole_callbacks[1].state_dict() == resumed_callbacks[1].state_dict()
+    assert whole_callbacks[2].state_dict() == resumed_callbacks[2].state_dict()
+
+
+def test_validate_test_predict_and_load_from_checkpoint_keep_the_mask(tmp_path):
+    model = SparseClassifier(arch="cnn_digits", lr=0.05)
+    callbacks = [PruningTimeVoting(delta_pr=10.0), PQIPruning(target_sparsity=0.8), RigL(density=0.4, update_every=3)]
+    trainer = Trainer(accelerator="cpu", max_epochs=4, limit_train_batches=4, limit_val_batches=2, logger=False,
+                      callbacks=[*callbacks, ModelCheckpoint(dirpath=tmp_path, save_last=True)],
+                      default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False)
+    data = _data()
+    trainer.fit(model, data)
+    density, masks = model.mask.density(), model.mask.state()
+    assert density < 0.4  # RigL's 0.4, then pruned
+    (validated,) = trainer.validate(model, data, verbose=False)
+    tested = {name.replace("val/", "test/"): value for name, value in validated.items()}  # the same clients' data
+    assert trainer.test(model, data, verbose=False) == [tested] and model.mask.density() == density
+    assert sorted(tested) == ["test/acc", "test/loss"]
+    loaded = SparseClassifier.load_from_checkpoint(tmp_path / "last.ckpt")
+    assert loaded.mask.density() == density and all(torch.equal(m, loaded.mask.masks[n]) for n, m in masks.items())
+    evaluator = plain_trainer([])
+    assert evaluator.validate(loaded, data, verbose=False) == [validated] and loaded.mask.density() == density
+    batches = evaluator.predict(loaded, data)  # the test split's (x, y) batches: predict_step takes x
+    x, _ = next(iter(data.test_dataloader()))
+    loaded.eval()
+    assert torch.equal(batches[0], loaded(x)) and sum(len(b) for b in batches) == len(data.test_dataloader().dataset)
+    assert loaded.mask.density() == density
+
+
+class _ForeignNet(LightningModule):
+    """A user's module that knows nothing of masks: a Conv2d and a Linear in an ``nn.Sequential``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                       torch.nn.Linear(8 * 64, 10))
+
+    def forward(self, x):
+        return self.net(x.view(-1, 1, 8, 8))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+class _UpdateSteps(Callback):
+    """The optimizer steps at which RigL updated its mask, and the mask's per-layer counts after each batch."""
+
+    def __init__(self, rigl: RigL) -> None:
+        self.rigl, self.steps, self.counts, self._seen = rigl, [], set(), 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        done = self.rigl.state_dict()["num_updates"]
+        if done != self._seen:
+            self.steps.append(trainer.global_step)
+            self._seen = done
+        self.counts.add(tuple(int(m.sum()) for m in self.rigl.state_dict()["masks"].values()))
+
+
+@pytest.mark.parametrize("precision, accumulate", [("32-true", 2), ("bf16-mixed", 1), ("bf16-mixed", 2)])
+def test_rigl_masks_a_foreign_module_under_mixed_precision_and_accumulation(digits_loader, precision, accumulate):
+    """The README's claim: RigL masks any LightningModule's Conv/Linear weights itself; with
+    ``accumulate_grad_batches`` it updates at every ``update_every``-th optimizer step (not batch), and under
+    ``bf16-mixed`` too every layer keeps its active count exactly and its inactive weights at zero."""
+    rigl = RigL(density=0.3, update_every=3)
+    spy = _UpdateSteps(rigl)
+    model = _ForeignNet()
+    trainer = plain_trainer([rigl, spy], max_epochs=1, precision=precision, accumulate_grad_batches=accumulate)
+    trainer.fit(model, digits_loader)
+    steps = math.ceil(len(digits_loader) / accumulate)
+    assert trainer.global_step == steps and rigl.owns_mask
+    assert spy.steps == list(range(3, steps, 3))  # the last step is T: no update there
+    assert len(spy.counts) == 1  # the same per-layer counts after every batch
+    own = rigl.state_dict()["masks"]
+    params = dict(model.named_parameters())
+    assert sum(int(m.sum()) for m in own.values()) == pytest.approx(0.3 * sum(m.numel() for m in own.values()), abs=2)
+    assert all(int(torch.count_nonzero(params[n].detach()[~m])) == 0 for n, m in own.items())
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: RigL(seed=-1), "`seed` must be an int in [0, 4294967295], got -1"),
+    (lambda: RigL(seed=2**64), f"`seed` must be an int in [0, 4294967295], got {2**64}"),
+    (lambda: RigL(seed=1.0), "`seed` must be an int in [0, 4294967295], got 1.0"),
+    (lambda: RigL(verbose=1.0), "`verbose` must be any of (0, 1, 2), got 1.0"),
+    (lambda: PruningTimeVoting(verbose=2.0), "`verbose` must be any of (0, 1, 2), got 2.0"),
+    (lambda: PQIPruning(verbose=True), "`verbose` must be any of (0, 1, 2), got True"),
+    (lambda: RigL(update_every=2.5), "`update_every` must be an int >= 1, got 2.5"),
+    (lambda: RigL(regrowth="grad"), "`regrowth` must be one of ('gradient', 'random'), got 'grad'"),
+    (lambda: RigL(density=float("nan")), "`density` must be a float in (0, 1] or None, got nan"),
+    (lambda: PruningTimeVoting(delta_v=1.5), "`delta_v` must be a float in (0, 1], got 1.5"),
+    (lambda: PQIPruning(p=2.0, q=1.5), "the PQ index needs `p` < `q`, got p=2.0, q=1.5"),
+    (lambda: PQIPruning(schedule=[1, -1]), "`schedule` must be a callable round_idx -> bool, a list of round"),
+])
+def test_bad_callback_arguments_are_refused_in_one_line_naming_the_value(make, message):
+    """Before training, at construction: a seed NumPy's seed sequence or torch's generator cannot take (random
+    regrowth failed mid-training on -1), a float ``verbose``, and spot checks of the other arguments."""
+    with pytest.raises(MisconfigurationException) as raised:
+        make()
+    assert str(raised.value).startswith(message) and "\n" not in str(raised.value)

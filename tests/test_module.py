@@ -57,8 +57,9 @@ def test_same_seed_same_initial_model_and_mask():
     ({"momentum": -0.5}, r"momentum must be in \[0, 1\), got -0.5"),
     ({"weight_decay": -1e-4}, "weight_decay must be a finite number >= 0, got -0.0001"),
     ({"weight_decay": float("inf")}, "weight_decay must be a finite number >= 0, got inf"),
-    ({"seed": 1.5}, "seed must be an integer >= 0, got 1.5"),
-    ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+    ({"seed": 1.5}, r"seed must be an integer in \[0, 4294967295\], got 1.5"),
+    ({"seed": -1}, r"seed must be an integer in \[0, 4294967295\], got -1"),
+    ({"seed": 2**70}, r"seed must be an integer in \[0, 4294967295\], got 1180591620717411303424"),  # overflowed
     ({"num_classes": 0}, "num_classes must be an integer >= 1, or None to take it from the data; got 0"),
     ({"num_classes": 2.5}, "num_classes must be an integer >= 1, or None to take it from the data; got 2.5"),
     ({"in_channels": True}, "in_channels must be an integer >= 1, or None to take it from the data; got True"),
