@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from lightning_dfl.checks import check_int
 from lightning_dfl.cost import CostModel, read_round_metrics, run_cost_curve
 from lightning_dfl.federation.algorithms.dadpfl_waits import format_schedule_table, schedule_table
 from lightning_dfl.run_metrics import is_event_file, metrics_source, run_folder
@@ -32,6 +33,11 @@ def schedule(num_clients: int = 100, neighbors: list[int] = [2, 5, 10, 20, 50], 
         seed: seed of the random topologies and reuse permutations.
         plot: also save Figs. 8-9 (parallelism and delay against M, one line per N) to this file.
     """
+    if not neighbors or not max_waits:  # named by their options (schedule_table's error names its arguments)
+        empty = "neighbors (M)" if not neighbors else "max_waits (N)"
+        raise ValueError(f"--{empty} must be a non-empty list, got []: e.g. --neighbors '[2,5,10]' --max_waits "
+                         "'[1,2,null]'")
+    check_int("seed", seed, 0)  # numpy's refusal of -1 names no option
     if plot is not None:
         from lightning_dfl.plots import check_plot_path
 
@@ -114,6 +120,8 @@ def cost(runs: list[str] | str | None = None, thetas: list[float] = [0.0, 0.1, 0
     """
     files = _run_files(runs, "cost")
     runs = list(files)
+    if not thetas:  # else a table of no rows
+        raise ValueError("cost needs --thetas: weights of energy against time in [0, 1], e.g. '[0,0.5,1]'")
     if plot is not None:
         from lightning_dfl.plots import check_plot_path
 
@@ -201,7 +209,10 @@ def export(checkpoint: str, client: int = 0, out: str = "client.pt2", latency: b
         data_root: the data's folder when it moved since the run (replaces the checkpoint's ``data.root``).
     """
     from lightning_dfl.export import export_client
+    from lightning_dfl.federation.trainer.settings import usable_cpus
 
+    if latency:  # far more threads than CPUs crashed OpenMP's runtime (libgomp: out of memory) after the export
+        check_int(f"threads (at most the {usable_cpus()} CPUs this process may use)", threads, 1, usable_cpus())
     text = export_client(checkpoint, client, out, latency, threads, batch_size, test_images, data_root).table()
     print(text)
     return text

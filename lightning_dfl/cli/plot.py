@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from lightning_dfl.cli.help import PROG
 
@@ -13,9 +14,17 @@ PLOT_KINDS = {"diagnostics": "spectral gap, consensus distance, mask Jaccard and
                              "mask-Jaccard and bytes heatmaps; per-client accuracy"}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose own errors (a missing argument, one it does not know) are raised as bad input, for
+    the command line's one line (argparse prints its usage and a line of its own, even with ``exit_on_error=False``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
 def plot_parser() -> argparse.ArgumentParser:
     """The parser of ``lightning-dfl plot KIND RUN_DIR [--out DIR]``."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=f"{PROG} plot", exit_on_error=False, allow_abbrev=False,
         description="Figures of one run (PNG files; needs matplotlib: pip install -e '.[plots]').",
         epilog="kinds: " + "; ".join(f"{k}: {v}" for k, v in PLOT_KINDS.items()))

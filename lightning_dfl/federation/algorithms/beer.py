@@ -39,6 +39,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from lightning_dfl.checks import is_number
 from lightning_dfl.federation.algorithms.base import RoundContext, TaskContext, TopologyAlgorithm, parallel_plan
 from lightning_dfl.federation.exchange.messages import (  # noqa: F401 (gsgd, its codec: BEER's default C, re-exported)
     Codec,
@@ -119,8 +120,9 @@ class BEER(TopologyAlgorithm):
         super().__init__(num_neighbors, topology)
         if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 < gamma <= 1:
             raise ValueError(f"gamma must be a number in (0, 1], got {gamma!r}")
-        if eta is not None and (isinstance(eta, bool) or not isinstance(eta, (int, float)) or not eta > 0):
-            raise ValueError(f"eta must be a positive number or None (the module's lr), got {eta!r}")
+        if eta is not None and not (is_number(eta) and eta > 0):  # 1e400 is read as inf
+            raise ValueError(f"eta must be a positive number or None (the module's lr), got {eta!r}"
+                             + (" (not finite)" if is_number(eta, finite=False) and not is_number(eta) else ""))
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r} (the share top_k and random_k send; "
                              "checked whatever the compressor)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lightning_dfl.checks import is_int
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext
 from lightning_dfl.federation.exchange.plan import RoundPlan, Source, Task
 
@@ -24,6 +25,8 @@ class FedAvg(Algorithm):
     headline = "consensus"
 
     def __init__(self, clients_per_round: int = 10) -> None:
+        if not is_int(clients_per_round):  # None (null) failed in the comparison below: a TypeError, "a bug"
+            raise ValueError(f"clients_per_round must be an integer >= 1, got {clients_per_round!r}")
         if clients_per_round < 1:
             raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
         self.clients_per_round = clients_per_round

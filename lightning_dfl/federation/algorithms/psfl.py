@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_dfl.checks import check_int, is_number
+from lightning_dfl.checks import check_int, is_int, is_number
 from lightning_dfl.federation.algorithms.base import Algorithm, RoundContext, TaskContext, average_messages
 from lightning_dfl.federation.algorithms.psfl_structure import optimal_parallel_width, training_structure
 from lightning_dfl.federation.exchange.messages import Message
@@ -83,7 +83,13 @@ class PSFL(Algorithm):
         self.sequences = sequences
         SAMPLERS.get(sampler)  # names the allowed samplers for an unknown one
         self.sampler = sampler
-        self.warmup_rounds = 0 if sequences is not None else check_int("warmup_rounds", warmup_rounds, 2)
+        if sequences is None:
+            self.warmup_rounds = check_int("warmup_rounds", warmup_rounds, 2)
+        else:  # no warm-up with a fixed structure (0, as its repr says); a value that could never be one is refused
+            if not (is_int(warmup_rounds) and (warmup_rounds == 0 or warmup_rounds >= 2)):
+                raise ValueError(f"warmup_rounds must be an integer >= 2 (or 0: none, with sequences set), got "
+                                 f"{warmup_rounds!r}")
+            self.warmup_rounds = 0
         if kappa2_estimator not in KAPPA2_ESTIMATORS:
             raise ValueError(f"unknown kappa2_estimator {kappa2_estimator!r}; allowed: {', '.join(KAPPA2_ESTIMATORS)}")
         self.kappa2_estimator = kappa2_estimator

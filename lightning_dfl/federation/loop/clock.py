@@ -25,6 +25,9 @@ from lightning_dfl.federation.exchange.schedule import Arrivals, Durations, fini
 from lightning_dfl.seeding import derive_seed
 
 DISTRIBUTIONS = ("fixed", "uniform", "exponential", "normal", "discrete")
+#: the settings of the base-time distributions, with the distributions that read them (any other ignores them)
+DISTRIBUTION_SETTINGS = {"low": ("uniform",), "high": ("uniform",), "mean": ("exponential", "normal"),
+                         "std": ("normal",), "values": ("discrete",)}
 
 
 def default_durations(plan: RoundPlan) -> dict[int, float]:
@@ -93,11 +96,25 @@ class Clock:
         self.bandwidth = None if bandwidth is None else _number("bandwidth", bandwidth, 0.0, strict=True,
                                                                 allow_inf=True)
         self.latency = _number("latency", latency, 0.0, strict=False)
+        self._check_used(distribution)
         self.num_clients = 0
         self.num_servers = 0
         self.seed = 0
         self.base_times: tuple[float, ...] = ()
         self._elapsed = 0.0
+
+    def _check_used(self, distribution: str) -> None:
+        """Refuse a distribution's setting given another value than its default under a distribution that does not
+        read it (``low=3`` with ``"fixed"`` would be ignored), as ``speeds`` under any but ``"fixed"``."""
+        import inspect
+
+        defaults = inspect.signature(Clock.__init__).parameters
+        for name, users in DISTRIBUTION_SETTINGS.items():
+            value, default = getattr(self, name), defaults[name].default
+            changed = tuple(map(float, value)) != tuple(map(float, default)) if name == "values" else value != default
+            if changed and distribution not in users:
+                raise ValueError(f"{name}={value!r} applies to distribution {' or '.join(map(repr, users))} only, got "
+                                 f"distribution {distribution!r}: remove {name}, or set the distribution that reads it")
 
     def setup(self, num_clients: int, num_servers: int = 0, seed: int = 0) -> None:
         """Fix the federation's size and seed and draw each client's base time."""

@@ -193,14 +193,25 @@ def check_resume_request(ckpt_path: Any, resume_allow: Iterable[str]) -> None:
                          "(--ckpt_path) or remove resume_allow")
 
 
-def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow: Iterable[str] = ()) -> int:
+def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow: Iterable[str] = (),
+                    rounds: int | None = None) -> int:
     """Restore a set-up federation from ``path``; return the round to continue with.
 
     ``allow`` names identity keys that may differ from the checkpoint's (see
     :func:`~lightning_dfl.federation.trainer.checkpoint_file.compare_identity`); accepted differences are logged.
+    ``rounds``, the run's rounds, may not be fewer than the rounds the checkpoint holds (none would run, and the
+    summary would report the saved ones).
     """
     state = read_state(path, map_location=federation.store.device)
     check_parts(state, path, {"algorithm": federation.algorithm.state_dict(), "clock": federation.clock.state_dict()})
+    next_round, history = state.get("next_round"), state.get("history")
+    rounds_held = len(history) if isinstance(history, list) else None
+    if type(next_round) is not int or next_round < 1 or next_round != rounds_held:
+        raise CheckpointError(f"the checkpoint {str(path)!r} says next_round={next_round!r} but holds the metrics of "
+                              f"{rounds_held} rounds: it is damaged or was edited (resume from another checkpoint)")
+    if rounds is not None and next_round > rounds:
+        raise ValueError(f"rounds={rounds} is fewer than the {next_round} rounds the checkpoint {str(path)!r} already "
+                         f"holds: give rounds >= {next_round} (more than {next_round} to train on)")
     identity = _identity(federation)
     changed = compare_identity(state["identity"], identity, allow)
     check_store_layout(state["store"], StoreLayout.of(federation.store), path)  # all checked before anything loads
@@ -210,11 +221,6 @@ def load_checkpoint(federation: FederationState, path: str | os.PathLike, allow:
             " (schedules over the run's length, such as RigL's cosine drop fraction and the pruning rounds, follow "
             "the new rounds from here: the run differs from one started with it)" if "rounds" in changed else ""))
     check_finite(state, federation.store, path)
-    next_round, history = state.get("next_round"), state.get("history")
-    rounds_held = len(history) if isinstance(history, list) else None
-    if type(next_round) is not int or next_round < 1 or next_round != rounds_held:
-        raise CheckpointError(f"the checkpoint {str(path)!r} says next_round={next_round!r} but holds the metrics of "
-                              f"{rounds_held} rounds: it is damaged or was edited (resume from another checkpoint)")
     store = federation.store
     load_store_state(store, state["store"])
 

@@ -9,11 +9,15 @@ compact store, ...); the cross-field rules live here. Frozen: a run's settings d
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import lightning_utilities.core.rank_zero as rank_zero
 import torch
+from lightning.fabric.accelerators import CPUAccelerator
 from lightning.fabric.connector import _Connector
 
 from lightning_dfl.checks import check_bool, check_int, check_output_path
@@ -29,11 +33,10 @@ from lightning_dfl.federation.trainer.kernel_settings import (
     check_matmul_precision,
     check_memory_format,
 )
+from lightning_dfl.seeding import MAX_SEED
 
 __all__ = ["ACCELERATORS", "MAX_SEED", "RunSettings", "check_accelerator"]
 
-#: the largest seed (NumPy's and Lightning's seeds are unsigned 32-bit integers)
-MAX_SEED = 2**32 - 1
 #: the accelerator names a run takes (Lightning's; a Lightning ``Accelerator`` instance is passed through)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
@@ -164,7 +167,13 @@ class RunSettings:
         normalise("diagnostics", check_diagnostics(self.diagnostics))
         check_int("diag_every", self.diag_every, 1)
         check_accelerator(self.accelerator)
-        _Connector(**self.fabric_kwargs())  # Lightning's own checks of the accelerator, devices and precision
+        with warnings.catch_warnings(), _quiet(rank_zero.log):  # Fabric, built for the run, says all it says
+            warnings.simplefilter("ignore")  # once more, when the run builds it
+            connector = _Connector(**self.fabric_kwargs())  # Lightning's own checks of accelerator, devices, precision
+        if str(self.precision) in ("16", "16-mixed") and isinstance(connector.accelerator, CPUAccelerator):
+            raise ValueError(f"precision={self.precision!r} is float16 autocast, which runs on a GPU only (on a CPU "
+                             "Lightning would switch to bf16-mixed): give --trainer.precision=bf16-mixed or 32-true "
+                             "on a CPU")
 
     @property
     def world_size(self) -> int:
@@ -193,3 +202,17 @@ class RunSettings:
                 "accelerator": device.type,
                 # a CPU run's kernels split their reductions by thread: another count rounds differently
                 **({"cpu_threads": torch.get_num_threads()} if device.type == "cpu" else {})}
+
+
+class _quiet:
+    """Within this block ``logger`` shows nothing below a warning (Lightning's "Using ... Precision")."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def __enter__(self) -> None:
+        self.level = self.logger.level
+        self.logger.setLevel(logging.WARNING)
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.setLevel(self.level)

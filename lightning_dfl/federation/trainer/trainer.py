@@ -254,7 +254,8 @@ class FederatedTrainer(TrainerView):
              lock: RunFolderLock) -> report.RunSummary:
         """:meth:`fit` once set up: the checkpoint loaded, the run folder locked (``lock``), the rounds."""
         s = self.settings
-        first_round = load_checkpoint(self.federation, ckpt_path, s.resume_allow) if ckpt_path is not None else 0
+        first_round = (load_checkpoint(self.federation, ckpt_path, s.resume_allow, rounds=s.rounds)
+                       if ckpt_path is not None else 0)
         self._last_checkpoint = (Path(ckpt_path), first_round) if ckpt_path is not None else None
         writes = self.logger is not None or s.checkpoint_every > 0  # else it writes no file there
         if self.is_global_zero and writes:  # process 0 writes the folder: one run at a time, never over an earlier one
