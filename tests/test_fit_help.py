@@ -63,6 +63,29 @@ def test_no_sentence_lost_a_reference(args):
     assert broken is None, broken[0]
 
 
+@pytest.mark.parametrize("args", HELPS, ids=[a[-1].rpartition("=")[2] for a in HELPS])
+def test_no_description_is_cut_at_an_abbreviation(args):
+    """An option's sentence goes on past "Eq." or "Alg." (DADPFL's delta_pr read "pruning threshold of Eq.")."""
+    cut = [(option, text) for option, text in options(_help(*args))
+           if re.search(r"\b(Eqs?|Alg|Sec|Figs?|App|Tab|e\.g|i\.e|cf|vs)\.$", text)]
+    assert cut == []
+
+
+@pytest.mark.parametrize(("text", "sentence"), [
+    ("pruning threshold of Eq. 5, > 0 (the papers use 0.01-0.03). More.", "pruning threshold of Eq. 5, > 0 (the "
+     "papers use 0.01-0.03)."),
+    ("whose masks Alg. 2 compacts. Next one.", "whose masks Alg. 2 compacts."),
+    ("as in Figs. 8-9, e.g. the delay. Then more.", "as in Figs. 8-9, e.g. the delay."),
+    ("ends. fit(ckpt_path=...) resumes.", "ends."),  # a sentence may start with a code name
+    ("a step (Sec. 3. Sub) here. Next.", "a step (Sec. 3. Sub) here."),  # inside brackets nothing ends
+    ("Seq. 2 is not an abbreviation.", "Seq."),
+])
+def test_first_sentence_ends_at_a_full_stop_not_after_an_abbreviation(text, sentence):
+    from lightning_dfl.cli.help import first_sentence
+
+    assert first_sentence(text) == sentence
+
+
 def test_fit_help_names_nothing_internal():
     text = _help("fit", "--help")
     for name in INTERNAL:

@@ -108,12 +108,17 @@ def plain_text(text: str, code_references: bool = True) -> str:
     return re.sub(r"``([^`]*)``", r"\1", text)
 
 
+#: abbreviations whose full stop ends no sentence ("Eq. 5", "Alg. 1's", "e.g. the")
+_ABBREVIATION = re.compile(r"(?:^|\W)(?:e\.g|i\.e|cf|vs|et al|Eqs?|Alg|Sec|Figs?|App|Tab|Thm)$")
+
+
 def first_sentence(text: str) -> str:
-    """``text`` up to the end of its first sentence (a full stop outside brackets followed by a space)."""
+    """``text`` up to the end of its first sentence: a full stop outside brackets and not after an abbreviation
+    (:data:`_ABBREVIATION`: ``Eq. 5`` goes on), followed by a space or a line break."""
     depth = 0
     for i, char in enumerate(text):
         depth += (char in "([{") - (char in ")]}")
-        if char == "." and depth <= 0 and text[i + 1:i + 2] in (" ", "\n") and not text[:i].endswith(("e.g", "i.e")):
+        if char == "." and depth <= 0 and text[i + 1:i + 2] in (" ", "\n") and not _ABBREVIATION.search(text[:i]):
             return text[:i + 1]
     return text
 

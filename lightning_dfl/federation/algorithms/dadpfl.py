@@ -32,7 +32,8 @@ class DADPFL(TopologyAlgorithm):
         max_wait: N, at most this many prior neighbours are waited for.
         drop_fraction: RigL's initial drop fraction alpha_0 of the cosine schedule (Alg. 3), in [0, 1].
         regrowth: how RigL regrows weights: by gradient magnitude or at random (Alg. 3).
-        gradient_batches: batches whose dense gradient scores RigL's regrowth.
+        gradient_batches: batches whose dense gradient scores RigL's regrowth, at most (a client with fewer uses all
+            of its own).
         delta_pr: pruning threshold of Eq. 5, > 0 (the papers use 0.01-0.03).
         delta_v: voting threshold, the share of stable votes that decides the pruning time, in (0, 1].
         b: delay of the first pruning round (Eq. 6), >= 0.

@@ -19,7 +19,8 @@ class DisPFL(TopologyAlgorithm):
         topology: see :data:`lightning_dfl.federation.exchange.topology.TOPOLOGIES`.
         drop_fraction: alpha_0 of the cosine drop schedule alpha_t = alpha_0/2 (1 + cos(pi t/T)).
         regrowth: ``"gradient"`` (RigL) or ``"random"`` (DisPFL's published runs).
-        gradient_batches: local batches whose dense gradient scores regrowth.
+        gradient_batches: local batches whose dense gradient scores regrowth, at most (a client with fewer uses all
+            of its own).
     """
 
     name = "dispfl"
