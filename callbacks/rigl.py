@@ -261,8 +261,11 @@ class RigL(FederatedCallback):
             return
         self._last_update_step = t
         mask = self._masks.get(pl_module)
-        new = self._search(pl_module, mask, t, total, [batch], batch_idx, (self.seed, t))
-        if getattr(trainer, "world_size", 1) > 1:  # identical masks on every rank
+        ranks = getattr(trainer, "world_size", 1)
+        average = None if ranks == 1 else (  # every rank's batch: the global batch's gradient, as in one process
+            lambda grads: {name: trainer.strategy.reduce(g, reduce_op="mean") for name, g in grads.items()})
+        new = self._search(pl_module, mask, t, total, [batch], batch_idx, (self.seed, t), average)
+        if ranks > 1:  # identical masks on every rank
             new = trainer.strategy.broadcast(new, src=0)
         self._load(mask, new, f"step {t}" if self.update_interval == "step" else f"epoch {t}")
 
@@ -303,13 +306,18 @@ class RigL(FederatedCallback):
         return cosine_drop_fraction(self.drop_fraction, t, total)
 
     def _search(self, pl_module: Any, mask: ModelMask, t: int, total: int, batches: list,
-                batch_idx: int, seed_key: tuple[int, ...]) -> Masks:
+                batch_idx: int, seed_key: tuple[int, ...],
+                average: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None) -> Masks:
+        """The new mask at ``t``; ``average`` (DDP) averages the signed dense gradients over the ranks first."""
         mask.apply_()  # magnitudes and gradients at the masked weights
         fraction = self.fraction(t, total)
         weights = {name: p.detach() for name, p in mask.params.items()}
         if self.regrowth == "gradient":
             with _muted_logging(pl_module):
-                scores = dense_gradients(pl_module, mask, self._loss_fn(pl_module, batch_idx), batches)
+                scores = dense_gradients(pl_module, mask, self._loss_fn(pl_module, batch_idx), batches,
+                                         absolute=average is None)
+            if average is not None:
+                scores = {name: g.abs() for name, g in average(scores).items()}
             return rigl_masks(weights, mask.masks, fraction, scores=scores, mode="gradient")
         generator = torch.Generator().manual_seed(int(np.random.SeedSequence(seed_key).generate_state(1)[0]))
         return rigl_masks(weights, mask.masks, fraction, mode="random", generator=generator)

@@ -90,3 +90,72 @@ def test_two_process_ddp_keeps_the_ranks_identical_and_syncs_what_differs(tmp_pa
     (kind, replicas, rank0, idx0), (_, _, rank1, idx1) = a["sampler"], b["sampler"]
     assert (kind, replicas, rank0, rank1) == ("DistributedSampler", 2, 0, 1)
     assert len(idx0) == len(idx1) == math.ceil(n / 2) and set(idx0) | set(idx1) == set(range(n))
+
+
+_GRADIENT_SCRIPT = """
+import sys
+
+import torch
+
+torch.set_num_threads(1)
+import lightning as L
+
+from lightning_dfl.callbacks import RigL
+from lightning_dfl.datamodules import FederatedDataModule
+from lightning_dfl.module import SparseClassifier
+from lightning_dfl.sparse.rigl import dense_gradients, rigl_masks
+
+STEP = 3
+
+
+class Expect(L.Callback):
+    \"\"\"Before RigL's update at STEP: the mask RigL must pick from the gradient averaged over both ranks' batches,
+    and the one rank 0's batch alone would give.\"\"\"
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step != STEP:
+            return
+        mask = pl_module.mask
+        mask.apply_()
+        weights = {n: p.detach().clone() for n, p in mask.params.items()}
+        local = dense_gradients(pl_module, mask, pl_module.loss, [batch], absolute=False)
+        both = {n: trainer.strategy.all_gather(g) for n, g in local.items()}
+        fraction = rigl.fraction(STEP, rigl._total)
+        pick = lambda scores: rigl_masks(weights, mask.masks, fraction, scores=scores, mode="gradient")
+        self.averaged = pick({n: g.mean(0).abs() for n, g in both.items()})
+        self.rank0 = pick({n: g[0].abs() for n, g in both.items()})
+
+
+class Seen(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == STEP:
+            self.mask = pl_module.mask.state()
+
+
+rigl, expect, seen = RigL(regrowth="gradient", update_every=STEP), Expect(), Seen()
+model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05)
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, limit_train_batches=2 * STEP,
+                    limit_val_batches=0, callbacks=[expect, rigl, seen], logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, FederatedDataModule(dataset="digits", num_clients=1, batch_size=32, cache=False))
+torch.save({"seen": seen.mask, "averaged": expect.averaged, "rank0": expect.rank0, "updates": rigl.state_dict()},
+           f"{sys.argv[1]}/rank{trainer.global_rank}.pt")
+"""
+
+
+def test_ddp_gradient_regrowth_scores_the_gradient_of_every_ranks_batch(tmp_path):
+    """RigL's regrowth under DDP scores the dense gradient averaged over the ranks (the global batch's, as one
+    process with that batch would): the mask it picks is the one of the averaged gradient on both ranks, not the
+    one rank 0's batch alone gives (which differs here)."""
+    script = tmp_path / "fit_ddp_gradient.py"
+    script.write_text(textwrap.dedent(_GRADIENT_SCRIPT))
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert got["updates"]["num_updates"] == 1
+        assert all(torch.equal(got["seen"][n], got["averaged"][n]) for n in got["averaged"])
+        assert not all(torch.equal(got["averaged"][n], got["rank0"][n]) for n in got["averaged"])

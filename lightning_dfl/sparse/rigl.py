@@ -200,8 +200,10 @@ def dense_gradients(
     loss_fn: Callable[[Any], Tensor],
     batches: Iterable[Any],
     eval_mode: bool = True,
+    absolute: bool = True,
 ) -> dict[str, Tensor]:
-    """``|dense gradient|`` of the loss per masked parameter: RigL's regrowth score (Alg. 3 line 4).
+    """``|dense gradient|`` of the loss per masked parameter: RigL's regrowth score (Alg. 3 line 4); with
+    ``absolute=False`` the signed gradient (to be averaged over processes before its magnitude is taken).
 
     ``loss_fn(batch)`` returns a scalar loss computed with ``module``; the gradients of all
     ``batches`` are averaged. The mask's gradient hooks are bypassed
@@ -232,7 +234,8 @@ def dense_gradients(
         # every layer at once (a few kernels on an accelerator); a parameter the loss did not reach scores 0
         present = [name for name, param in mask.params.items() if param.grad is not None]
         scores = dict(zip(present, torch._foreach_div([mask.params[n].grad.detach() for n in present], count)))
-        torch._foreach_abs_(list(scores.values()))
+        if absolute:
+            torch._foreach_abs_(list(scores.values()))
         total = {name: scores[name] if name in scores else torch.zeros_like(param) for name, param in mask.params.items()}
     finally:
         for p, grad in zip(params, saved_grads):
