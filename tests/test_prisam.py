@@ -23,8 +23,9 @@ K = 8
 
 
 def _dm(**kw):
-    options = dict(dataset="digits", num_clients=K, partition="cluster", num_groups=2, between="pathological",
-                   classes_per_group=2, batch_size=16, test_samples_per_client=20)
+    options = dict(dataset="digits", num_clients=K, partition="cluster", batch_size=16, test_samples_per_client=20)
+    if kw.get("partition", "cluster") == "cluster":  # num_groups is refused with another partition
+        options.update(num_groups=2, between="pathological", classes_per_group=2)
     return FederatedDataModule(**{**options, **kw})
 
 
