@@ -401,6 +401,12 @@ class PruningTimeVoting(FederatedCallback):
         self._round_scores.clear()
         return metrics
 
+    def _follow(self, total: int) -> None:
+        """A run resumed with another T: the pruning rounds after ``t*`` (decided with the checkpoint's T) are
+        those of the new T, as RigL's schedule follows it (Eq. 6 stops at T: a longer run goes on pruning)."""
+        if self.t_star is not None and self.total_rounds != total:
+            self._decide(self.t_star, total)
+
     def _decide(self, t_star: int, total: int) -> None:
         self.t_star, self.total_rounds = int(t_star), int(total)
         self.pruning_round_indices = tuple(t - 1 for t in pruning_rounds(self.t_star, self.total_rounds,
@@ -419,6 +425,7 @@ class PruningTimeVoting(FederatedCallback):
             self._reset()  # the records start afresh in the new store; a checkpoint is loaded after setup
 
     def on_federated_round_start(self, trainer: Any, pl_module: Any) -> None:
+        self._follow(int(trainer.max_rounds))  # after a resume with another number of rounds
         self._begin_round(int(trainer.current_round))
 
     def on_client_before_aggregation(self, trainer: Any, pl_module: Any, client_id: int) -> None:
@@ -468,6 +475,7 @@ class PruningTimeVoting(FederatedCallback):
         restored, self._restored = self._restored, False
         if not restored:
             self._reset()
+        self._follow(int(total))  # resumed with another max_epochs
         if HAS_INITIAL not in self._records.plain:
             self._records.plain = OneRecord(self.client_state_fields(trainer, pl_module))
         if not bool(self._records.plain[HAS_INITIAL]):

@@ -125,13 +125,13 @@ def _loaders():
     return DataLoader(train.dataset, batch_size=32, collate_fn=train.collate_fn), data.val_dataloader()
 
 
-def _resumable_fit(dirpath, dense, kill_at=None, ckpt_path=None):
+def _resumable_fit(dirpath, dense, kill_at=None, ckpt_path=None, epochs=5):
     density = 1.0 if dense else 0.5
     model = SparseClassifier(arch="cnn_digits", num_classes=10, in_channels=1, image_size=8, density=density, lr=0.05)
     callbacks = [PruningTimeVoting(delta_pr=10.0), PQIPruning(target_sparsity=0.8),
                  RigL(density=0.3 if dense else None, update_every=3)]
     extra = [_KilledAt(kill_at)] if kill_at is not None else []
-    trainer = Trainer(accelerator="cpu", max_epochs=5, limit_train_batches=4, limit_val_batches=2, logger=False,
+    trainer = Trainer(accelerator="cpu", max_epochs=epochs, limit_train_batches=4, limit_val_batches=2, logger=False,
                       callbacks=[*callbacks, ModelCheckpoint(dirpath=dirpath, save_last=True), *extra],
                       default_root_dir=dirpath, enable_progress_bar=False, enable_model_summary=False)
     try:
@@ -158,6 +158,21 @@ def test_a_killed_run_resumed_from_its_checkpoint_ends_as_an_uninterrupted_one(t
         resumed_voting.t_star, resumed_voting.vote_shares, resumed_voting.score_means)
     assert whole_callbacks[1].state_dict() == resumed_callbacks[1].state_dict()
     assert whole_callbacks[2].state_dict() == resumed_callbacks[2].state_dict()
+
+
+def test_a_run_resumed_with_more_epochs_prunes_on_the_new_schedule(tmp_path):
+    """Eq. 6's pruning rounds run to T: a finished 5-epoch run (t* = 2, pruning rounds [3]) resumed with
+    max_epochs=9 prunes at the rounds of T = 9 after it, [3, 5, 7, 8] (indices 2, 4, 6, 7: 6 and 7 are new), as
+    RigL's schedule follows the new T; before, the checkpoint's T kept it at [3]."""
+    from lightning_dfl.pruning_time import pruning_rounds
+
+    _, first = _resumable_fit(tmp_path, dense=False)
+    assert first[0].pruning_round_indices == (2,)
+    _, resumed = _resumable_fit(tmp_path, dense=False, ckpt_path=tmp_path / "last.ckpt", epochs=9)
+    voting, pqi = resumed[0], resumed[1]
+    assert voting.t_star == 2 and [t - 1 for t in pruning_rounds(2, 9)] == [2, 4, 6, 7]
+    assert voting.pruning_round_indices == (2, 4, 6, 7) and voting.total_rounds == 9
+    assert [e.round_idx for e in pqi.history] == [2, 6, 7]  # epoch 4 ran before, under T = 5
 
 
 def test_validate_test_predict_and_load_from_checkpoint_keep_the_mask(tmp_path):

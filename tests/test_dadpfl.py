@@ -73,6 +73,32 @@ def test_dadpfl_prunes_towards_the_target_without_overshoot():
     assert any(m["time/delay"] > 0 for m in trainer.history)
 
 
+def test_a_run_resumed_with_more_rounds_prunes_on_the_new_schedule(tmp_path):
+    """Eq. 6 prunes until T: a 6-round run resumed for T = 12 prunes at the rounds of T = 12 after round 6 (as the
+    log says, the schedules follow the new rounds), not only at those the checkpoint's T = 6 gave."""
+    from lightning_dfl.callbacks import PruningTimeVoting
+    from lightning_dfl.pruning_time import pruning_rounds
+
+    def run(rounds, ckpt_path=None):
+        dm = FederatedDataModule(dataset="digits", num_clients=4, batch_size=32, test_samples_per_client=20)
+        model = SparseClassifier(arch="cnn_digits", density=0.5, lr=0.05)
+        trainer = FederatedTrainer(algorithm=DADPFL(num_neighbors=2, max_wait=2, delta_pr=1000.0), rounds=rounds,
+                                   local_steps=1, local_epochs=None, logger=False, accelerator="cpu",
+                                   checkpoint_every=rounds, default_root_dir=str(tmp_path), enable_progress_bar=False)
+        trainer.fit(model, dm, ckpt_path=ckpt_path)
+        return trainer, next(c for c in trainer.callbacks if isinstance(c, PruningTimeVoting))
+
+    first, voting = run(6)
+    t_star = voting.t_star
+    before = tuple(t - 1 for t in pruning_rounds(t_star, 6))
+    after = tuple(t - 1 for t in pruning_rounds(t_star, 12))
+    assert voting.pruning_round_indices == before and len(after) > len(before)  # the longer run prunes more
+    resumed, voting = run(12, str(first.checkpoint_path))
+    assert voting.t_star == t_star and voting.pruning_round_indices == after
+    pruned = [i for i, m in enumerate(resumed.history) if m.get("pqi/pruned_clients", 0) > 0]
+    assert pruned == [i for i in after if i in before or i >= 6]  # rounds 0-5 ran under T = 6
+
+
 def test_a_user_callback_takes_the_default_ones_place():
     from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
 
