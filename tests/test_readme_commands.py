@@ -257,7 +257,7 @@ def test_python_blocks_are_those_of_the_section():
 def test_the_callbacks_in_a_plain_trainer_examples_run_as_printed(in_scratch, capsys):
     """Each example of "Callbacks in your own `Trainer`" runs alone, as printed, and prints what it says."""
     blocks = python_blocks((REPO / "README.md").read_text(), "### Callbacks in your own `Trainer`")
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     printed = []
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})  # a fresh namespace each
@@ -267,6 +267,8 @@ def test_the_callbacks_in_a_plain_trainer_examples_run_as_printed(in_scratch, ca
     assert re.fullmatch(r"t\* = \d+, pruning rounds \[\d+(, \d+)*\], density 0\.\d\d", printed[1]), printed[1]
     t_star, first = (int(n) for n in re.findall(r"\d+", printed[1])[:2])  # both 1-based: none before t*
     assert first >= t_star
+    stated = [line.removeprefix("# ") for line in blocks[2].splitlines() if line.startswith("# density")]
+    assert printed[2] == stated[0] == "density 0.30, 4 mask updates"  # the user's own LightningCLI
 
 
 # -- every Python example of the README and docs runs as printed -------------------------------------------------
