@@ -24,10 +24,10 @@ import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from lightning_dfl.checks import check_int, check_output_path, check_positive, is_int
-from lightning_dfl.seeding import MAX_SEED
+from lightning_dfl.seeding import MAX_SEED, derive_seed
 from lightning_dfl.transfers import to_device
 
 from .datasets import DATASETS, EMBEDDED, load_dataset, smallest_input
@@ -138,13 +138,34 @@ class _BatchCollate:
     def __init__(self, normalize: Normalize, augment: BatchAugment | None = None, seed: int = 0) -> None:
         self.normalize = normalize
         self.augment = augment if augment is not None and augment.enabled else None
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s augmentations from a generator of their own (``(seed, epoch)``)."""
+        self.generator = torch.Generator().manual_seed(derive_seed(self.seed, "augment", epoch))
 
     def __call__(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         x, y = batch  # a whole batch: _SplitDataset.__getitems__
         if self.augment is not None:
             x = self.augment(x, self.generator)
         return self.normalize(x), y
+
+
+class _EpochShuffle(RandomSampler):
+    """A shuffle drawn afresh each epoch from ``(seed, epoch)`` (Lightning calls :meth:`set_epoch` before every
+    epoch), so that an epoch's order and augmentations do not depend on the epochs before it: a fit resumed from
+    a checkpoint, or one whose loaders are built again each epoch, sees the orders of an uninterrupted one.
+    Under DDP Lightning replaces it with its ``DistributedSampler`` (a ``RandomSampler``: shuffled), as before."""
+
+    def __init__(self, data: Dataset, seed: int, collate: _BatchCollate) -> None:
+        super().__init__(data, generator=torch.Generator())
+        self.seed, self.collate = seed, collate
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.generator.manual_seed(derive_seed(self.seed, "shuffle", epoch))
+        self.collate.set_epoch(epoch)
 
 
 class FederatedDataModule(L.LightningDataModule):
@@ -507,15 +528,13 @@ class FederatedDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ Lightning hooks
 
     def train_dataloader(self) -> DataLoader:
-        """All training samples, shuffled and augmented (for a plain, centralised Trainer)."""
+        """All training samples, shuffled and augmented anew each epoch from (seed, epoch) (a plain, centralised
+        Trainer: an epoch does not depend on the ones before, so a resumed fit sees what an uninterrupted one does)."""
         split = self._ready()
-        return DataLoader(
-            _SplitDataset(split.train.images, split.train.labels),
-            batch_size=self.batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(self.seed),
-            collate_fn=_BatchCollate(self.normalizer, self.batch_augment, seed=self.seed + 1),
-        )
+        data = _SplitDataset(split.train.images, split.train.labels)
+        collate = _BatchCollate(self.normalizer, self.batch_augment, seed=self.seed)
+        return DataLoader(data, batch_size=self.batch_size, sampler=_EpochShuffle(data, self.seed, collate),
+                          collate_fn=collate)
 
     def _eval_dataloader(self) -> DataLoader:
         split = self._ready()

@@ -11,7 +11,6 @@ from conftest import plain_trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch.utils.data import DataLoader
 
 from lightning_dfl.callbacks import PQIPruning, PruningTimeVoting, RigL
 from lightning_dfl.datamodules import FederatedDataModule
@@ -117,14 +116,6 @@ class _KilledAt(Callback):
             raise RuntimeError("killed")
 
 
-def _loaders():
-    """The digits loaders in a fixed order: FederatedDataModule's training loader draws its order from a fresh
-    generator per loader, so a resumed run would not see the epochs' orders of an uninterrupted one."""
-    data = _ready(_data())
-    train = data.train_dataloader()
-    return DataLoader(train.dataset, batch_size=32, collate_fn=train.collate_fn), data.val_dataloader()
-
-
 def _resumable_fit(dirpath, dense, kill_at=None, ckpt_path=None, epochs=5):
     density = 1.0 if dense else 0.5
     model = SparseClassifier(arch="cnn_digits", num_classes=10, in_channels=1, image_size=8, density=density, lr=0.05)
@@ -135,7 +126,7 @@ def _resumable_fit(dirpath, dense, kill_at=None, ckpt_path=None, epochs=5):
                       callbacks=[*callbacks, ModelCheckpoint(dirpath=dirpath, save_last=True), *extra],
                       default_root_dir=dirpath, enable_progress_bar=False, enable_model_summary=False)
     try:
-        trainer.fit(model, *_loaders(), ckpt_path=ckpt_path)
+        trainer.fit(model, _data(), ckpt_path=ckpt_path)  # each epoch's order from (seed, epoch): resumable
     except RuntimeError as killed:
         assert str(killed) == "killed"
     return model, callbacks

@@ -459,3 +459,25 @@ def test_bad_data_on_disk_fails_in_setup_naming_the_file(tmp_path):
         FederatedDataModule(**kwargs).setup()
     with pytest.raises(FileNotFoundError, match=f"image folder not found: {tmp_path / 'absent'} does not exist"):
         FederatedDataModule(**{**kwargs, "root": str(tmp_path / "absent")}).setup()
+
+
+def _epoch(loader, epoch):
+    loader.sampler.set_epoch(epoch)  # what Lightning calls before each epoch
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def test_the_training_loaders_epochs_are_drawn_from_the_seed_and_the_epoch():
+    """Each epoch's order and augmentations come from (seed, epoch) alone: a loader built afresh (a resumed fit,
+    ``reload_dataloaders_every_n_epochs``) gives epoch 3 as the first loader gave it after epochs 0-2; epochs
+    differ from each other, and another data seed gives other epochs."""
+    dm = FederatedDataModule(batch_size=64, test_samples_per_client=10, augment=True)
+    first = dm.train_dataloader()
+    epochs = [_epoch(first, e) for e in range(4)]
+    again = _epoch(dm.train_dataloader(), 3)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(epochs[3], again))
+    assert not torch.equal(epochs[0][0][1], epochs[1][0][1])  # another order
+    same_order = [torch.equal(a[1], b[1]) for a, b in zip(_epoch(first, 2), epochs[2])]
+    assert all(same_order) and sorted(torch.cat([y for _, y in epochs[0]]).tolist()) == sorted(
+        torch.cat([y for _, y in epochs[1]]).tolist())  # every sample once per epoch
+    other = FederatedDataModule(batch_size=64, test_samples_per_client=10, augment=True, seed=1).train_dataloader()
+    assert not torch.equal(_epoch(other, 0)[0][1], epochs[0][0][1])
