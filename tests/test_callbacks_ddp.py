@@ -59,18 +59,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_process_ddp_keeps_the_ranks_identical_and_syncs_what_differs(tmp_path):
-    """RigL (random regrowth), PruningTimeVoting and PQIPruning on SparseClassifier under ``strategy="ddp"``:
-    both ranks end with the same weights, masks, t* and prune events; RigL keeps every layer's active count
-    (less what PQI pruned); val/loss (over each rank's half of the test set) is averaged over the ranks and
-    Lightning asks for no ``sync_dist``; the DistributedSampler gives each rank half the training samples."""
+def _run_ddp(script_text: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run ``script_text`` as a script (``strategy="ddp"`` launches ``sys.argv`` again) with ``tmp_path`` as its
+    argument, on a free port, and assert it succeeded."""
     script = tmp_path / "fit_ddp.py"
-    script.write_text(textwrap.dedent(_SCRIPT))
+    script.write_text(textwrap.dedent(script_text))
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_two_process_ddp_keeps_the_ranks_identical_and_syncs_what_differs(tmp_path):
+    """RigL (random regrowth), PruningTimeVoting and PQIPruning on SparseClassifier under ``strategy="ddp"``:
+    both ranks end with the same weights, masks, t* and prune events; RigL keeps every layer's active count
+    (less what PQI pruned); val/loss (over each rank's half of the test set) is averaged over the ranks and
+    Lightning asks for no ``sync_dist``; the DistributedSampler gives each rank half the training samples."""
+    done = _run_ddp(_SCRIPT, tmp_path)
     assert "sync_dist" not in done.stderr + done.stdout, done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     a, b = ranks
@@ -147,13 +154,7 @@ def test_ddp_gradient_regrowth_scores_the_gradient_of_every_ranks_batch(tmp_path
     """RigL's regrowth under DDP scores the dense gradient averaged over the ranks (the global batch's, as one
     process with that batch would): the mask it picks is the one of the averaged gradient on both ranks, not the
     one rank 0's batch alone gives (which differs here)."""
-    script = tmp_path / "fit_ddp_gradient.py"
-    script.write_text(textwrap.dedent(_GRADIENT_SCRIPT))
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _run_ddp(_GRADIENT_SCRIPT, tmp_path)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         assert got["updates"]["num_updates"] == 1
