@@ -168,3 +168,12 @@ def test_the_personal_anchor_is_the_rounds_received_global_model():
             assert any(not torch.equal(anchor[n], personal[k][n]) for n in anchor)
         seen.add((r, k))
     assert {r for r, _ in seen} == {0, 1, 2} and len(seen) == 3 * K
+
+
+def test_the_personal_spread_describes_the_personal_models():
+    """Ditto's ``acc/personal_*`` all describe every client's personal model v_i (the spread once came from the
+    shared model's trained copies: its min above the mean)."""
+    trainer = _run(Ditto(clients_per_round=3, lam=0.5), rounds=2)
+    for row in trainer.history:
+        assert row["acc/personal_count"] == K
+        assert row["acc/personal_min"] <= row["acc/personal_p10"] <= row["acc/personal_mean"] <= row["acc/personal_max"]

@@ -105,3 +105,15 @@ def test_finetune_epochs_is_validated(bad):
         DPSGDFT(finetune_epochs=bad)
     with pytest.raises(ValueError, match="clients_per_round must be >= 1, got 0"):
         FedAvgFT(clients_per_round=0)
+
+
+def test_the_personal_spread_describes_the_fine_tuned_models():
+    """``acc/personal_min|p10|max|count`` are the fine-tuned models' (every client's), as ``acc/personal_mean``
+    is; the trained clients' spread moves to ``acc/trained_*`` (the max was once below the mean)."""
+    trainer = _run(FedAvgFT(clients_per_round=3))
+    for row in trainer.history:
+        for stat in ("mean", "std", "min", "p10", "max", "count"):
+            assert row[f"acc/personal_{stat}"] == row[f"acc/finetune_{stat}"], stat
+        assert row["acc/personal_count"] == K and row["acc/trained_count"] == 3
+        assert row["acc/personal_min"] <= row["acc/personal_p10"] <= row["acc/personal_mean"] <= row["acc/personal_max"]
+        assert row["acc/trained_min"] <= row["acc/trained_mean"] <= row["acc/trained_max"]

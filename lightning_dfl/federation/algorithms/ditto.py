@@ -35,6 +35,7 @@ from lightning_dfl.federation.algorithms.context import EvaluationContext, Round
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
 from lightning_dfl.federation.algorithms.training import train_locally
 from lightning_dfl.federation.exchange.plan import RoundPlan
+from lightning_dfl.federation.metrics.spread import personal_spread
 from lightning_dfl.federation.store import ClientStore, StateField
 from lightning_dfl.stats import mean_std
 
@@ -92,15 +93,18 @@ class Ditto(FedAvg):
             store.write(k, PERSONAL, initial)
 
     def evaluate_round(self, ctx: EvaluationContext) -> dict[str, float]:
-        """At an evaluated round: every client's v_i on its test set (``acc/personal_mean|std``, the headline)."""
+        """At an evaluated round: every client's v_i on its test set (``acc/personal_mean|std``, the headline, and
+        their spread ``acc/personal_min|p10|max|count``, in place of the shared model's trained copies')."""
         if not ctx.evaluates:
             return {}
         mine = {}
         for k in ctx.clients:  # each process its own clients
             ctx.load(ctx.store.read(k, PERSONAL), ctx.store.mask(k), apply=False)
             mine[k] = ctx.test(k)
-        mean, std = mean_std(ctx.gather(mine))
-        return {"acc/personal_mean": mean, "acc/personal_std": std}
+        accuracies = ctx.gather(mine)
+        mean, std = mean_std(accuracies)
+        return {"acc/personal_mean": mean, "acc/personal_std": std, **personal_spread(accuracies),
+                "acc/personal_count": float(len(accuracies))}
 
     def plan_round(self, ctx: RoundContext) -> RoundPlan:
         plan = super().plan_round(ctx)

@@ -8,9 +8,9 @@ round at the code's round index -1 (lr = lr_0 / lr_decay, the authors' ``client.
 and is scored by x_k^FT on its own test set. The fine-tuned models are thrown away: nothing that
 trains or travels changes.
 
-Metrics: ``acc/finetune_mean|std`` (the fine-tuned models, also ``acc/personal_mean|std`` and so
+Metrics: ``acc/finetune_mean|std|min|p10|max|count`` (the fine-tuned models, also ``acc/personal_*`` and so
 ``acc/headline``), ``acc/consensus_mean|std`` (the shared model itself, as in FedAvg/D-PSGD),
-``acc/trained_mean|std`` (what the round's tasks published: FedAvg's sampled clients, D-PSGD's
+``acc/trained_mean|std|min|p10|max|count`` (what the round's tasks published: FedAvg's sampled clients, D-PSGD's
 clients), ``flops/finetune_total|per_client`` (the fine-tuning's 3 x forward FLOPs per sample, kept
 out of ``flops/train_*``). The fine-tuning is an evaluation: its download of w is not counted as
 communication and it takes no simulated time.
@@ -30,6 +30,7 @@ from lightning_dfl.checks import check_int
 from lightning_dfl.federation.algorithms.context import EvaluationContext
 from lightning_dfl.federation.algorithms.dpsgd import DPSGD
 from lightning_dfl.federation.algorithms.fedavg import FedAvg
+from lightning_dfl.federation.metrics.spread import personal_spread
 from lightning_dfl.seeding import derive_seed
 from lightning_dfl.stats import mean_std
 
@@ -82,17 +83,20 @@ class _FineTuned:
         flops = 0.0
         for _, client_flops in gathered:  # added in client order, as one process adds them
             flops += client_flops
-        mean, std = mean_std([acc for acc, _ in gathered])
-        metrics.update({"acc/finetune_mean": mean, "acc/finetune_std": std, "flops/finetune_total": flops,
+        accuracies = [acc for acc, _ in gathered]
+        mean, std = mean_std(accuracies)
+        spread = {name.replace("personal", "finetune"): value for name, value in personal_spread(accuracies).items()}
+        metrics.update({"acc/finetune_mean": mean, "acc/finetune_std": std, **spread,
+                        "acc/finetune_count": float(len(accuracies)), "flops/finetune_total": flops,
                         "flops/finetune_per_client": flops / ctx.num_clients})
         return metrics
 
     def round_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The fine-tuned models are the clients' personal models (the headline); what the round's
-        tasks published moves to ``acc/trained_*``."""
+        """The fine-tuned models are the clients' personal models (the headline, with their spread); what the
+        round's tasks published moves to ``acc/trained_*``."""
         out = dict(super().round_metrics(metrics))  # type: ignore[misc]
         if "acc/finetune_mean" in metrics:
-            for stat in ("mean", "std"):
+            for stat in ("mean", "std", "min", "p10", "max", "count"):
                 if f"acc/personal_{stat}" in metrics:
                     out[f"acc/trained_{stat}"] = metrics[f"acc/personal_{stat}"]
                 out[f"acc/personal_{stat}"] = metrics[f"acc/finetune_{stat}"]
