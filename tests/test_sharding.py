@@ -358,6 +358,39 @@ def test_each_process_evaluates_only_the_clients_it_owns(tmp_path, monkeypatch):
         assert set(rows[1]["tested"]) <= set(own) and rows[1]["tested"][-2 * len(own):] == own + own
 
 
+EXIT_PROBE = '''
+import atexit, os
+
+import torch.distributed as dist
+from lightning.pytorch import Callback
+
+
+class AtExit(Callback):
+    """Writes, per process, whether the process group exists when fit ends and when the interpreter exits (its
+    handler, registered before the run's, runs after it: atexit is last in, first out)."""
+
+    def __init__(self):
+        self.path = os.path.join(os.environ["PROBE_DIR"], "rank" + os.environ.get("LOCAL_RANK", "0"))
+        atexit.register(lambda: open(self.path, "a").write(f"exit {dist.is_initialized()}\\n"))
+
+    def on_fit_end(self, trainer, pl_module):
+        open(self.path, "a").write(f"fit_end {dist.is_initialized()}\\n")
+'''
+
+
+def test_a_sharded_run_destroys_its_process_group_at_exit_not_before(tmp_path, monkeypatch):
+    """Each process of a finished 2-process run destroys the gloo group when the interpreter exits (left to its
+    destructor at finalization it aborted a process once in a while: "terminate called without an active
+    exception", exit -6), and the group still exists when fit ends."""
+    (tmp_path / "exit_probe.py").write_text(EXIT_PROBE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PROBE_DIR", str(tmp_path))
+    config, extra = RUNS["dispfl"]
+    _fit(tmp_path / "runs", config, [*extra, "--trainer.callbacks+=exit_probe.AtExit"], devices=2)
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}").read_text().splitlines() == ["fit_end True", "exit False"], rank
+
+
 def test_ownership_is_round_robin_and_one_process_owns_everything():
     from lightning_dfl.federation.loop.ownership import Ownership, owner_of
 

@@ -38,6 +38,7 @@ bit-identical to one process (tested with 2 gloo processes). An algorithm class 
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,7 @@ from lightning_dfl.federation.store.partitioned import PartitionedStore
 if TYPE_CHECKING:
     from lightning_dfl.federation.loop.state import FederationState
 
-__all__ = ["SHARD_PROTOCOL", "ShardedExecutor", "check_machines_meet", "check_shardable"]
+__all__ = ["SHARD_PROTOCOL", "ShardedExecutor", "check_machines_meet", "check_shardable", "release_at_exit"]
 
 #: callback hooks that run inside a client's task
 TASK_HOOKS = ("on_client_before_aggregation", "on_client_train_end", "on_client_end", "on_train_batch_start",
@@ -112,6 +113,28 @@ def check_machines_meet(num_nodes: int, environment: Any, environ: Mapping[str, 
     if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         raise ValueError(f"MASTER_PORT={environ['MASTER_PORT']!r} is no TCP port: give an integer in 1 .. 65535, a "
                          "free port of the first machine, the same on every machine")
+
+
+def _destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+_releasing = False
+
+
+def release_at_exit() -> None:
+    """Destroy the process group when the interpreter exits, while it is still whole (idempotent).
+
+    Left to its destructor during the interpreter's finalization, a gloo group's worker threads can still hold
+    work whose tensors need the GIL, and the process aborts after its run ("terminate called without an active
+    exception", SIGABRT: pytorch/pytorch#190489; seen after sharded DisPFL-family and Ditto runs). Called once
+    every process ended its run together (a process that failed alone could leave a collective the
+    destruction would wait on), so the group also stays usable after ``fit`` returns (the store's reads)."""
+    global _releasing
+    if not _releasing:
+        atexit.register(_destroy_process_group)
+        _releasing = True
 
 
 def check_shardable(algorithm: Any, callbacks: list[Any]) -> None:

@@ -27,6 +27,7 @@ from lightning_dfl.federation.loop.clock import Clock, build_clock
 from lightning_dfl.federation.loop.executor import SerialExecutor
 from lightning_dfl.federation.loop.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from lightning_dfl.federation.loop.rounds import run_exchanges
+from lightning_dfl.federation.loop.sharded import release_at_exit
 from lightning_dfl.federation.loop.state import FederationState
 from lightning_dfl.federation.metrics import report
 from lightning_dfl.federation.metrics.diagnostics import RunDiagnostics
@@ -295,7 +296,9 @@ class FederatedTrainer(TrainerView):
                         save_checkpoint(self.federation, self.checkpoint_path)  # process 0 writes
                     self._last_checkpoint = (self.checkpoint_path, round_idx + 1)
                 bar.advance(metrics)
-                if stopping and not last:
+                if stopping and not last:  # every process stops here, together
+                    if self.fabric.world_size > 1:
+                        release_at_exit()
                     raise self._interrupted(stop.exit_code, f"stopped after round {round_idx + 1} of {s.rounds}")
         self._finish(model, first_round, time.perf_counter() - start)
         return self.summary
@@ -351,6 +354,7 @@ class FederatedTrainer(TrainerView):
             report.print_summary(self.summary)
         if self.fabric.world_size > 1:  # every process ends its run before any returns (none left running alone)
             self.fabric.barrier()
+            release_at_exit()
 
     def _checkpoint_written(self) -> str | None:
         """The run's last checkpoint on disk (written by it, or the one it resumed from), if any."""
