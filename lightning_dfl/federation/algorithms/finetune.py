@@ -85,8 +85,7 @@ class _FineTuned:
             flops += client_flops
         accuracies = [acc for acc, _ in gathered]
         mean, std = mean_std(accuracies)
-        spread = {name.replace("personal", "finetune"): value for name, value in personal_spread(accuracies).items()}
-        metrics.update({"acc/finetune_mean": mean, "acc/finetune_std": std, **spread,
+        metrics.update({"acc/finetune_mean": mean, "acc/finetune_std": std, **personal_spread(accuracies, "acc/finetune"),
                         "acc/finetune_count": float(len(accuracies)), "flops/finetune_total": flops,
                         "flops/finetune_per_client": flops / ctx.num_clients})
         return metrics

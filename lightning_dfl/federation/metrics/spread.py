@@ -159,12 +159,13 @@ def flip_fractions(previous: Tensor, current: Tensor, masked_size: int) -> Tenso
 # -- per-client accuracy spread ----------------------------------------------------------------------------
 
 
-def personal_spread(accuracies: Sequence[float]) -> dict[str, float]:
+def personal_spread(accuracies: Sequence[float], family: str = "acc/personal") -> dict[str, float]:
     """``acc/personal_min``, ``acc/personal_p10`` (10th percentile, linear interpolation) and
-    ``acc/personal_max`` of the clients' accuracies (empty without any)."""
+    ``acc/personal_max`` of the clients' accuracies (empty without any); ``family`` names them otherwise
+    (``"acc/finetune"``: ``acc/finetune_min``, ...)."""
     values = [float(a) for a in accuracies if a is not None]
     if not values:
         return {}
-    return {"acc/personal_min": min(values), "acc/personal_p10": float(np.percentile(values, 10)),
-            "acc/personal_max": max(values)}
+    return {f"{family}_min": min(values), f"{family}_p10": float(np.percentile(values, 10)),
+            f"{family}_max": max(values)}
 
